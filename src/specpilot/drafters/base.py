@@ -1,0 +1,52 @@
+"""The ``Drafter`` protocol: what the engine asks of every drafter.
+
+A drafter proposes a :class:`~specpilot.tree.DraftTree` of candidate continuations of the
+committed tokens; the engine verifies it with one target forward. Drafters are stateful per
+sequence (``begin`` resets them) and may keep state across sequences (``finish`` feeds a finished
+output to drafters that learn from earlier outputs, like the suffix drafter).
+
+Trained feature-level and block drafters need the target's hidden states: they list the layers
+they tap in ``hidden_layers`` and the engine passes those states of newly committed tokens in
+:class:`DraftContext.hidden`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+from specpilot.tree import DraftTree, TreeSpec
+
+
+@dataclass
+class DraftContext:
+    """Everything a drafter may read when proposing."""
+
+    tokens: list[int]
+    """All committed tokens, prompt first; the root of the next tree is ``tokens[-1]``."""
+    prompt_len: int
+    spec: TreeSpec
+    """Requested shape; the returned tree must have at most ``spec.max_nodes`` nodes and depth
+    at most ``spec.max_depth``."""
+    hidden: tuple[Tensor, ...] = field(default_factory=tuple)
+    """For drafters with ``hidden_layers``: per tapped layer, (n_new, dim) target hidden states of
+    the tokens committed since the previous call (aligned with ``tokens[-n_new-1:-1]``)."""
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+    """Short identifier shown in reports (e.g. "lookup", "suffix", "model")."""
+    hidden_layers: tuple[int, ...]
+    """Target layers whose hidden states the drafter needs; () for training-free drafters."""
+
+    def begin(self, prompt: list[int]) -> None:
+        """Start a new sequence with this prompt."""
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        """Return a draft tree continuing ``ctx.tokens`` (may be empty)."""
+
+    def finish(self, tokens: list[int]) -> None:
+        """The sequence ended with these committed tokens (prompt + output)."""

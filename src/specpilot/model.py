@@ -1,0 +1,314 @@
+"""Torch-only Llama-family decoder with a static KV cache and arbitrary attention masks.
+
+In the spirit of gpt-fast's ``model.py``: a preallocated cache addressed by absolute slots,
+``forward`` takes explicit positions (RoPE) and cache slots (where new K/V go), so the same call
+serves prefill, one-token decode and tree verification (one row per draft node, an ancestor mask).
+
+Numerics. Speculative decoding is lossless only if a verified row computes exactly what plain
+decoding would. Stock CPU kernels do not guarantee that: the result of a row of a GEMM depends on
+how many rows are in the call, and attention reductions depend on the key count and layout. Two
+choices make every row independent of its batch on CPU fp32:
+
+* ``linear="onednn"``: weights prepacked once for oneDNN; its fp32 GEMM gives each row the same
+  bits for any row count (checked in tests/test_model.py). A one-row call is padded to two rows,
+  because oneDNN takes a separate one-row path for some shapes. It is also faster than the stock
+  path here (no per-call repacking on the GEMV -> GEMM switch).
+* ``attention="exact"``: the cache is kept in fp64 and attention runs in fp64, so the result,
+  rounded back to fp32, no longer depends on the summation order; masked keys add exact zeros.
+
+GPU paths (bf16/fp16) use the stock kernels; there token forcing still checks every output and
+reports the logit margin where a near-tie flips.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specpilot.config import ModelConfig, rope_inv_freq
+
+ATTENTION_KINDS = ("exact", "sdpa")
+LINEAR_KINDS = ("onednn", "torch")
+
+
+def onednn_available() -> bool:
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(
+        torch.ops.mkldnn, "_linear_pointwise"
+    )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class PackedLinear(nn.Module):
+    """fp32 CPU linear with oneDNN-prepacked weights; row results are batch-invariant."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 8)
+        self.bias = None if bias is None else bias.detach().contiguous()
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        m = x2.shape[0]
+        if m == 1:
+            x2 = torch.cat([x2, x2])
+        y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
+        return y[:m].reshape(*lead, self.out_features)
+
+
+class KVCache(nn.Module):
+    """Static per-layer cache ``(B, n_kv_heads, max_len, head_dim)`` addressed by slot."""
+
+    def __init__(self, batch: int, n_kv: int, max_len: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().__init__()
+        shape = (batch, n_kv, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def write(self, slots: int | Tensor, k: Tensor, v: Tensor) -> None:
+        # k, v: (B, n_kv, T, head_dim)
+        if isinstance(slots, int):
+            t = k.shape[2]
+            self.k[:, :, slots : slots + t] = k
+            self.v[:, :, slots : slots + t] = v
+        else:
+            self.k.index_copy_(2, slots, k.to(self.k.dtype))
+            self.v.index_copy_(2, slots, v.to(self.v.dtype))
+
+    def compact(self, src: Tensor, dst: int) -> None:
+        """Move the entries at slots ``src`` (ascending, each >= dst + i) to ``dst, dst+1, ...``."""
+        n = src.shape[0]
+        self.k[:, :, dst : dst + n] = self.k.index_select(2, src)
+        self.v[:, :, dst : dst + n] = self.v.index_select(2, src)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
+        self.cache: KVCache | None = None
+        self.exact = False
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: int | Tensor, kv_len: int,
+                mask: Tensor | None) -> Tensor:
+        # x: (B, T, dim); cos/sin: (B, T, head_dim); mask: (B, T, kv_len) bool or None
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
+        q, k = apply_rope(q, k, cos.unsqueeze(1), sin.unsqueeze(1))
+        assert self.cache is not None, "call Transformer.setup_cache() first"
+        self.cache.write(slots, k, v)
+        keys = self.cache.k[:, :, :kv_len]
+        vals = self.cache.v[:, :, :kv_len]
+        m = None if mask is None else mask.unsqueeze(1)  # (B, 1, T, kv_len)
+        if self.exact:
+            o = F.scaled_dot_product_attention(q.double(), keys, vals, attn_mask=m,
+                                               enable_gqa=True).to(x.dtype)
+        else:
+            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=m, enable_gqa=True)
+        o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H*hd)
+        return self.o_proj(o)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.rms_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.rms_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: int | Tensor, kv_len: int,
+                mask: Tensor | None) -> Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, slots, kv_len, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+@dataclass(frozen=True)
+class ForwardOut:
+    logits: Tensor | None
+    """(B, R, vocab) for the requested rows (R = T unless ``logits_rows`` was given)."""
+    hidden: tuple[Tensor, ...]
+    """Requested hidden states, each (B, T, dim); index i < n_layers is the input of layer i,
+    index n_layers is the final normed state (the Hugging Face ``hidden_states`` convention)."""
+
+
+class Transformer(nn.Module):
+    """Parameter names follow Hugging Face (``model.layers.0.self_attn.q_proj.weight``)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.model.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.model.norm = RMSNorm(cfg.dim, cfg.rms_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.max_len = 0
+        self.batch = 0
+        self.attention = "sdpa"
+        self._cos: Tensor | None = None
+        self._sin: Tensor | None = None
+        self._head_plain: Tensor | None = None
+
+    def tie_weights(self) -> None:
+        if self.cfg.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.norm.weight.dtype
+
+    def setup_cache(self, max_len: int, batch: int = 1, attention: str | None = None) -> None:
+        """Allocate the KV cache and RoPE tables for ``max_len`` slots (reused if big enough)."""
+        if attention is not None:
+            if attention not in ATTENTION_KINDS:
+                raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
+            if attention != self.attention:
+                self.max_len = 0
+            self.attention = attention
+        if max_len <= self.max_len and batch == self.batch:
+            return
+        cfg = self.cfg
+        exact = self.attention == "exact"
+        cache_dtype = torch.float64 if exact else self.dtype
+        for layer in self.model.layers:
+            layer.self_attn.cache = KVCache(batch, cfg.n_kv_heads, max_len, cfg.head_dim,
+                                            cache_dtype, self.device)
+            layer.self_attn.exact = exact
+        inv_freq, scale = rope_inv_freq(cfg)
+        pos = torch.arange(max_len, dtype=torch.int64).float()
+        freqs = pos[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self._cos = (emb.cos() * scale).to(device=self.device, dtype=self.dtype)
+        self._sin = (emb.sin() * scale).to(device=self.device, dtype=self.dtype)
+        self.max_len, self.batch = max_len, batch
+
+    def prepack(self, linear: str = "onednn") -> None:
+        """Swap projection layers for a faster, batch-invariant CPU backend (fp32 only)."""
+        if linear not in LINEAR_KINDS:
+            raise ValueError(f"linear must be one of {LINEAR_KINDS}, got {linear!r}")
+        if linear == "torch" or self.device.type != "cpu" or self.dtype != torch.float32:
+            return
+        if not onednn_available():
+            return
+        for layer in self.model.layers:
+            for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                                  (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+                for name in names:
+                    lin = getattr(parent, name)
+                    if isinstance(lin, nn.Linear):
+                        setattr(parent, name, PackedLinear(lin.weight, lin.bias))
+        if isinstance(self.lm_head, nn.Linear):
+            self._head_plain = self.lm_head.weight
+            self.lm_head = PackedLinear(self.lm_head.weight, None)
+
+    def head_weight(self) -> Tensor:
+        """The plain LM-head matrix ``(vocab, dim)`` (drafters that share it read it here)."""
+        return self._head_plain if self._head_plain is not None else self.lm_head.weight
+
+    def forward(self, tokens: Tensor, positions: Tensor, slots: int | Tensor, kv_len: int,
+                mask: Tensor | None = None, logits_rows: Tensor | slice | None = None,
+                hidden_layers: tuple[int, ...] = ()) -> ForwardOut:
+        """Run new tokens against the cache.
+
+        tokens:    (B, T) token ids
+        positions: (B, T) absolute positions (RoPE); tree nodes use prefix length + depth
+        slots:     cache slots to write the new K/V to: an int (contiguous from it) or (T,) long
+        kv_len:    attend to cache slots [0, kv_len)
+        mask:      (B, T, kv_len) bool, True = may attend; None = every row sees all kv_len keys
+        logits_rows: which of the T rows need logits (None = all); ``slice(0, 0)`` = none
+        """
+        assert self._cos is not None, "call setup_cache() first"
+        assert tokens.shape == positions.shape, (tokens.shape, positions.shape)
+        assert kv_len <= self.max_len, f"kv_len {kv_len} exceeds cache size {self.max_len}"
+        x = self.model.embed_tokens(tokens)  # (B, T, dim)
+        cos, sin = self._cos[positions], self._sin[positions]  # (B, T, head_dim)
+        want = set(hidden_layers)
+        hidden: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.model.layers):
+            if i in want:
+                hidden[i] = x
+            x = layer(x, cos, sin, slots, kv_len, mask)
+        x = self.model.norm(x)
+        if self.cfg.n_layers in want:
+            hidden[self.cfg.n_layers] = x
+        logits = None
+        if not (isinstance(logits_rows, slice) and logits_rows == slice(0, 0)):
+            rows = x if logits_rows is None else x[:, logits_rows]
+            logits = self.lm_head(rows).float()
+        return ForwardOut(logits, tuple(hidden[i] for i in hidden_layers))
+
+    def compact_cache(self, src: Tensor, dst: int) -> None:
+        for layer in self.model.layers:
+            assert layer.self_attn.cache is not None
+            layer.self_attn.cache.compact(src, dst)
+
+
+def causal_mask(start: int, t: int, kv_len: int, device: torch.device) -> Tensor:
+    """(1, t, kv_len) bool: row i (position start+i) sees slots [0, start + i]."""
+    rows = torch.arange(start, start + t, device=device)[:, None]
+    cols = torch.arange(kv_len, device=device)[None, :]
+    return (cols <= rows).unsqueeze(0)
+
+
+def init_weights(model: Transformer, seed: int, std: float = 0.02) -> None:
+    """Deterministic random weights for tests and tiny models."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * std)

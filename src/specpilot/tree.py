@@ -1,0 +1,250 @@
+"""The canonical draft tree, tree shapes, and greedy verification (pure functions).
+
+Words used throughout:
+  * root       - the last committed token; not yet in the target's cache, verified with the tree.
+  * node       - a draft token; node ``i`` has parent ``parents[i]`` (-1 = root), depth >= 1.
+  * accepted   - draft nodes whose token equals the target's greedy choice at their parent.
+  * bonus      - the target's choice after the last accepted node; always committed.
+  * tau        - mean tokens committed per target step (accepted + bonus).
+  * node budget - the number of draft nodes verified in one target step.
+
+Trees are built best-first (EAGLE-2, Li et al. 2024; DDTree): candidates carry a cumulative draft
+log-probability and the best N are kept. Because a child's cumulative score is never above its
+parent's, the best N are closed under ancestors (ties broken toward the earlier node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specpilot.errors import ConfigError
+
+TREE_KINDS = ("chain", "static", "dynamic")
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Draft nodes in topological order (every parent index is smaller than its child's)."""
+
+    tokens: Tensor
+    """(N,) long: draft token of each node."""
+    parents: Tensor
+    """(N,) long: parent node index, -1 for children of the root."""
+    depths: Tensor
+    """(N,) long: 1 for children of the root."""
+    scores: Tensor
+    """(N,) float: cumulative draft log-probability (path score) of each node."""
+
+    def __post_init__(self) -> None:
+        n = self.tokens.shape[0]
+        assert self.parents.shape == (n,) and self.depths.shape == (n,), "tree field shapes"
+        assert self.scores.shape == (n,), "tree scores shape"
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @staticmethod
+    def empty() -> DraftTree:
+        z = torch.zeros(0, dtype=torch.long)
+        return DraftTree(z, z.clone(), z.clone(), torch.zeros(0))
+
+    @staticmethod
+    def from_parents(tokens: Sequence[int], parents: Sequence[int],
+                     scores: Sequence[float] | None = None) -> DraftTree:
+        depths: list[int] = []
+        for i, p in enumerate(parents):
+            if not -1 <= p < i:
+                raise ValueError(f"node {i}: parent {p} must be -1 or an earlier node")
+            depths.append(1 if p < 0 else depths[p] + 1)
+        sc = [0.0] * len(tokens) if scores is None else list(scores)
+        return DraftTree(
+            torch.tensor(list(tokens), dtype=torch.long),
+            torch.tensor(list(parents), dtype=torch.long),
+            torch.tensor(depths, dtype=torch.long),
+            torch.tensor(sc, dtype=torch.float32),
+        )
+
+    @staticmethod
+    def chain(tokens: Sequence[int], scores: Sequence[float] | None = None) -> DraftTree:
+        return DraftTree.from_parents(tokens, list(range(-1, len(tokens) - 1)), scores)
+
+    def children(self) -> list[list[int]]:
+        """children()[p + 1] = node indices whose parent is p (p = -1 is the root)."""
+        out: list[list[int]] = [[] for _ in range(self.size + 1)]
+        for i, p in enumerate(self.parents.tolist()):
+            out[p + 1].append(i)
+        return out
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """How many draft nodes to verify per step and in what shape."""
+
+    kind: str = "dynamic"
+    """"chain" (k tokens), "static" (fixed index paths) or "dynamic" (best-first, budget N)."""
+    k: int = 5
+    """Chain length."""
+    paths: tuple[tuple[int, ...], ...] = ()
+    """Static tree: each path lists child ranks from the root, e.g. ((0,), (1,), (0, 0))."""
+    budget: int = 16
+    """Dynamic tree: node budget N (draft nodes verified per step)."""
+    topk: int = 4
+    """Dynamic tree: children considered per expanded node."""
+    depth: int = 8
+    """Dynamic tree: maximum depth."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in TREE_KINDS:
+            raise ConfigError(f"tree kind must be one of {TREE_KINDS}, got {self.kind!r}")
+        for name in ("k", "budget", "topk", "depth"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.kind == "static":
+            if not self.paths:
+                raise ConfigError("a static tree needs at least one index path")
+            seen = set(self.paths)
+            for p in self.paths:
+                if not p or any(r < 0 for r in p):
+                    raise ConfigError(f"static tree path {list(p)} must be non-empty ranks >= 0")
+                if len(p) > 1 and p[:-1] not in seen:
+                    raise ConfigError(f"static tree path {list(p)} has no parent path {list(p[:-1])}")
+
+    @property
+    def max_nodes(self) -> int:
+        return {"chain": self.k, "static": len(self.paths), "dynamic": self.budget}[self.kind]
+
+    @property
+    def max_depth(self) -> int:
+        if self.kind == "chain":
+            return self.k
+        if self.kind == "static":
+            return max(len(p) for p in self.paths)
+        return self.depth
+
+    @property
+    def branching(self) -> int:
+        """Most children any node may need."""
+        if self.kind == "chain":
+            return 1
+        if self.kind == "static":
+            return 1 + max(p[-1] for p in self.paths)
+        return self.topk
+
+    @staticmethod
+    def parse_paths(text: str) -> tuple[tuple[int, ...], ...]:
+        """Parse ``"0;1;0.0;0.1"`` or JSON ``[[0],[1],[0,0]]`` into index paths."""
+        import json
+
+        text = text.strip()
+        try:
+            raw = json.loads(text) if text.startswith("[") else [
+                [int(x) for x in part.split(".")] for part in text.split(";") if part.strip()
+            ]
+            return tuple(tuple(int(x) for x in p) for p in raw)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"cannot parse tree paths {text!r}: use '0;1;0.0' or JSON") from e
+
+
+def select_best(cand: DraftTree, budget: int) -> DraftTree:
+    """Keep the ``budget`` best nodes by cumulative score (ancestor-closed), re-indexed."""
+    if cand.size <= budget:
+        return cand
+    order = sorted(range(cand.size), key=lambda i: (-float(cand.scores[i]), int(cand.depths[i]), i))
+    keep = set(order[:budget])
+    parents = cand.parents.tolist()
+    for i in list(keep):  # enforce closure even if a drafter's scores are not monotone
+        p = parents[i]
+        while p >= 0 and p not in keep:
+            keep.add(p)
+            p = parents[p]
+    return subtree(cand, sorted(keep))
+
+
+def subtree(cand: DraftTree, keep: Sequence[int]) -> DraftTree:
+    """Restrict to ``keep`` (ascending, ancestor-closed) and renumber parents."""
+    remap = {old: new for new, old in enumerate(keep)}
+    parents = [remap[int(cand.parents[i])] if int(cand.parents[i]) >= 0 else -1 for i in keep]
+    idx = torch.tensor(list(keep), dtype=torch.long)
+    return DraftTree(cand.tokens[idx], torch.tensor(parents, dtype=torch.long),
+                     cand.depths[idx], cand.scores[idx])
+
+
+def select_paths(cand: DraftTree, paths: Sequence[tuple[int, ...]]) -> DraftTree:
+    """Keep the nodes named by rank paths; children are ranked by score (best = rank 0)."""
+    kids = cand.children()
+    ranked = [sorted(c, key=lambda i: (-float(cand.scores[i]), i)) for c in kids]
+    keep: set[int] = set()
+    for path in paths:
+        node = -1
+        for r in path:
+            options = ranked[node + 1]
+            if r >= len(options):
+                break
+            node = options[r]
+            keep.add(node)
+    return subtree(cand, sorted(keep))
+
+
+def shape_tree(cand: DraftTree, spec: TreeSpec) -> DraftTree:
+    """Apply a tree spec to a candidate tree of a drafter."""
+    if spec.kind == "chain":
+        path = tuple([0] * spec.k)
+        return select_paths(cand, [path[: i + 1] for i in range(spec.k)])
+    if spec.kind == "static":
+        return select_paths(cand, spec.paths)
+    return select_best(cand, spec.budget)
+
+
+def tree_mask(tree: DraftTree) -> Tensor:
+    """(N+1, N+1) bool over [root, nodes...]: each row sees the root, its ancestors and itself."""
+    n = tree.size
+    m = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    m[:, 0] = True
+    parents = tree.parents.tolist()
+    for i in range(n):
+        row = i + 1
+        m[row, row] = True
+        p = parents[i]
+        if p >= 0:
+            m[row] |= m[p + 1]
+    return m
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Result of verifying one tree."""
+
+    path: tuple[int, ...]
+    """Accepted node indices, root to leaf."""
+    tokens: tuple[int, ...]
+    """Committed tokens: the accepted nodes' tokens followed by the bonus token."""
+
+
+def verify_greedy(tree: DraftTree, target: Sequence[int]) -> Acceptance:
+    """Greedy verification: follow the child equal to the target's choice.
+
+    ``target[j]`` is the target's argmax at verify row j (row 0 = root, row i+1 = node i).
+
+    >>> t = DraftTree.from_parents([5, 6, 7], [-1, -1, 0])   # root -> 5 -> 7, root -> 6
+    >>> verify_greedy(t, [5, 7, 9, 8]).tokens                 # 5 then 7 accepted, bonus 8
+    (5, 7, 8)
+    """
+    assert len(target) == tree.size + 1, (len(target), tree.size)
+    kids = tree.children()
+    toks = tree.tokens.tolist()
+    path: list[int] = []
+    out: list[int] = []
+    node = -1
+    while True:
+        want = int(target[node + 1])
+        nxt = next((c for c in kids[node + 1] if toks[c] == want), None)
+        out.append(want)
+        if nxt is None:
+            return Acceptance(tuple(path), tuple(out))
+        path.append(nxt)
+        node = nxt
