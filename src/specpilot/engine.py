@@ -1,0 +1,267 @@
+"""Decoding engine: plain autoregressive greedy (the reference) and speculative greedy decoding.
+
+A speculative step reads as four named stages (after EAGLE's decode loop):
+  1. draft   - the drafter proposes a tree continuing the committed tokens;
+  2. verify  - one target forward over [root, nodes...] with the tree mask;
+  3. accept  - greedy verification picks the accepted path and the bonus token;
+  4. commit  - the accepted nodes' cache entries are compacted onto the committed prefix.
+The root (last committed token) is not yet in the cache when a step starts; it is verified with
+the tree, so a step with an empty tree is exactly one autoregressive step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from specpilot.drafters.base import DraftContext, Drafter
+from specpilot.errors import ConfigError, ContextLengthError
+from specpilot.model import ATTENTION_KINDS, LINEAR_KINDS, Transformer, causal_mask
+from specpilot.tree import DraftTree, TreeSpec, tree_mask, verify_greedy
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Runtime choices for the target model."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    """float32 (CPU or GPU), bfloat16 / float16 (GPU)."""
+    attention: str = "auto"
+    """"exact" (fp64 attention, batch-invariant: CPU default), "sdpa" (native dtype), "auto"."""
+    linear: str = "onednn"
+    """"onednn" (prepacked, batch-invariant CPU fp32 GEMMs) or "torch"."""
+    threads: int | None = None
+    """CPU threads for torch (None = leave torch's default)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.attention not in (*ATTENTION_KINDS, "auto"):
+            raise ConfigError(f"attention must be auto, exact or sdpa, got {self.attention!r}")
+        if self.linear not in LINEAR_KINDS:
+            raise ConfigError(f"linear must be one of {LINEAR_KINDS}, got {self.linear!r}")
+        if self.threads is not None and self.threads <= 0:
+            raise ConfigError(f"--threads must be positive, got {self.threads}")
+        dev = self.device.split(":")[0]
+        if dev not in ("cpu", "cuda"):
+            raise ConfigError(f"--device must be cpu or cuda[:N], got {self.device!r}")
+        if dev == "cpu" and self.dtype != "float32":
+            raise ConfigError(f"--dtype {self.dtype} is for GPUs; use float32 on CPU")
+        if dev == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda requested but no CUDA device is available")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def resolved_attention(self) -> str:
+        if self.attention != "auto":
+            return self.attention
+        return "exact" if self.device == "cpu" else "sdpa"
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 128
+    stop_on_eos: bool = True
+    stop_strings: tuple[str, ...] = ()
+    record_margins: bool = False
+    """Record the target's top-1 minus top-2 logit at each generated token (reference runs)."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise ConfigError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+
+
+@dataclass
+class GenerationResult:
+    prompt_len: int
+    tokens: list[int]
+    """Generated tokens (EOS included when generation stopped on it)."""
+    stop_reason: str = "length"
+    """"eos", "stop" (a stop string), or "length"."""
+    steps: int = 0
+    """Target forward passes after prefill (each verifies one tree)."""
+    accept_lengths: list[int] = field(default_factory=list)
+    """Accepted draft tokens per step (the bonus token not counted)."""
+    draft_nodes: list[int] = field(default_factory=list)
+    """Draft nodes verified per step (the node budget actually used)."""
+    margins: list[float] = field(default_factory=list)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0
+    """Part of decode_s spent in the drafter."""
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per target step (accepted + bonus); 1.0 for plain decoding."""
+        return (sum(self.accept_lengths) + self.steps) / self.steps if self.steps else 1.0
+
+    def acceptance_by_depth(self, max_depth: int) -> list[float]:
+        """Fraction of steps whose accepted path reached depth d, d = 1..max_depth."""
+        n = len(self.accept_lengths) or 1
+        return [sum(a >= d for a in self.accept_lengths) / n for d in range(1, max_depth + 1)]
+
+
+TokenCallback = Callable[[list[int]], None]
+
+
+class Engine:
+    """Owns the target model and its cache; generates one sequence at a time."""
+
+    def __init__(self, model: Transformer, cfg: EngineConfig | None = None) -> None:
+        self.cfg = cfg or EngineConfig()
+        if self.cfg.threads is not None:
+            torch.set_num_threads(self.cfg.threads)
+        self.model = model
+        self.attention = self.cfg.resolved_attention
+        model.prepack(self.cfg.linear)
+        self.context_len = model.cfg.max_position
+
+    def _ensure_cache(self, need: int) -> None:
+        if need > self.model.max_len or self.model.attention != self.attention:
+            size = max(need, 256)
+            size = -(-size // 256) * 256
+            self.model.setup_cache(min(size, max(need, self.context_len)), attention=self.attention)
+
+    @torch.no_grad()
+    def generate(self, prompt: Sequence[int], gen: GenerationConfig,
+                 drafter: Drafter | None = None, spec: TreeSpec | None = None,
+                 eos_ids: Sequence[int] = (), detok: Callable[[list[int]], str] | None = None,
+                 on_tokens: TokenCallback | None = None) -> GenerationResult:
+        """Greedy decoding of ``prompt``; speculative when a drafter is given.
+
+        ``detok`` turns generated tokens into text (needed only for stop strings).
+        """
+        prompt = list(prompt)
+        if not prompt:
+            raise ConfigError("empty prompt")
+        spec = spec or TreeSpec()
+        n_nodes = spec.max_nodes if drafter is not None else 0
+        need = len(prompt) + gen.max_new_tokens + n_nodes + 1
+        if need > self.context_len:
+            raise ContextLengthError(
+                f"prompt of {len(prompt)} tokens + {gen.max_new_tokens} new tokens exceeds the "
+                f"model context of {self.context_len}; shorten the prompt or lower "
+                "--max-new-tokens"
+            )
+        if gen.stop_strings and detok is None:
+            raise ConfigError("stop strings need a detokenizer")
+        self._ensure_cache(need)
+        dev = self.model.device
+        res = GenerationResult(prompt_len=len(prompt), tokens=[])
+        stopper = _Stopper(gen, tuple(eos_ids), detok)
+        taps = tuple(drafter.hidden_layers) if drafter is not None else ()
+
+        t0 = time.perf_counter()
+        p = len(prompt)
+        ids = torch.tensor([prompt], device=dev)
+        out = self.model(ids, torch.arange(p, device=dev)[None], 0, p, causal_mask(0, p, p, dev),
+                         logits_rows=slice(p - 1, p), hidden_layers=taps)
+        first = int(out.logits[0, -1].argmax())
+        if gen.record_margins:
+            res.margins.append(_margin(out.logits[0, -1]))
+        hidden = tuple(h[0] for h in out.hidden)
+        res.prefill_s = time.perf_counter() - t0
+        committed = [*prompt, first]
+        if drafter is not None:
+            drafter.begin(prompt)
+        done = stopper.push(res, [first], on_tokens)
+
+        t1 = time.perf_counter()
+        while not done:
+            cache_len = len(committed) - 1  # the root committed[-1] is not cached yet
+            tree = DraftTree.empty()
+            if drafter is not None:
+                td = time.perf_counter()
+                tree = drafter.propose(DraftContext(committed, p, spec, hidden))
+                res.draft_s += time.perf_counter() - td
+                assert tree.size <= n_nodes, f"drafter returned {tree.size} > {n_nodes} nodes"
+            accepted, new, logits, hidden = self._step(committed[-1], cache_len, tree, taps)
+            res.steps += 1
+            res.accept_lengths.append(len(accepted))
+            res.draft_nodes.append(tree.size)
+            if gen.record_margins:
+                rows = [0, *(i + 1 for i in accepted)]
+                res.margins.extend(_margin(logits[r]) for r in rows)
+            committed.extend(new)
+            done = stopper.push(res, new, on_tokens)
+        res.decode_s = time.perf_counter() - t1
+        if drafter is not None:
+            drafter.finish(committed[: p + len(res.tokens)])
+        if gen.record_margins:
+            res.margins = res.margins[: len(res.tokens)]
+        return res
+
+    def _step(self, root: int, cache_len: int, tree: DraftTree, taps: tuple[int, ...]
+              ) -> tuple[tuple[int, ...], list[int], Tensor, tuple[Tensor, ...]]:
+        """Verify ``tree`` under ``root``; commit; return (accepted path, new tokens, logits,
+        hidden states of the rows now committed to the cache)."""
+        dev = self.model.device
+        n = tree.size
+        toks = torch.cat([torch.tensor([root]), tree.tokens]).to(dev)[None]  # (1, n+1)
+        depth = torch.cat([torch.zeros(1, dtype=torch.long), tree.depths]).to(dev)
+        pos = (cache_len + depth)[None]  # (1, n+1)
+        kv_len = cache_len + n + 1
+        mask = None
+        if n:
+            mask = torch.ones(1, n + 1, kv_len, dtype=torch.bool, device=dev)
+            mask[0, :, cache_len:] = tree_mask(tree).to(dev)
+        out = self.model(toks, pos, cache_len, kv_len, mask, hidden_layers=taps)
+        logits = out.logits[0]  # (n+1, vocab)
+        target = logits.argmax(-1).tolist()
+        acc = verify_greedy(tree, target)
+        if acc.path and list(acc.path) != list(range(len(acc.path))):
+            src = torch.tensor([cache_len + 1 + i for i in acc.path], device=dev)
+            self.model.compact_cache(src, cache_len + 1)
+        rows = [0, *(i + 1 for i in acc.path)]
+        hidden = tuple(h[0, rows] for h in out.hidden)
+        return acc.path, list(acc.tokens), logits, hidden
+
+
+def _margin(row: Tensor) -> float:
+    top = torch.topk(row.float(), 2).values
+    return float(top[0] - top[1])
+
+
+class _Stopper:
+    """Appends committed tokens to a result, applying EOS / length / stop-string rules."""
+
+    def __init__(self, gen: GenerationConfig, eos: tuple[int, ...],
+                 detok: Callable[[list[int]], str] | None) -> None:
+        self.gen, self.eos, self.detok = gen, set(eos), detok
+
+    def push(self, res: GenerationResult, new: list[int], cb: TokenCallback | None) -> bool:
+        take: list[int] = []
+        reason = ""
+        for tok in new:
+            take.append(tok)
+            if self.gen.stop_on_eos and tok in self.eos:
+                reason = "eos"
+                break
+            if len(res.tokens) + len(take) >= self.gen.max_new_tokens:
+                reason = "length"
+                break
+            if self.gen.stop_strings and self._hits_stop(res.tokens + take):
+                reason = "stop"
+                break
+        res.tokens.extend(take)
+        if cb is not None and take:
+            cb(take)
+        if reason:
+            res.stop_reason = reason
+            return True
+        return False
+
+    def _hits_stop(self, toks: list[int]) -> bool:
+        assert self.detok is not None
+        text = self.detok(toks[-64:])
+        return any(s in text for s in self.gen.stop_strings)
