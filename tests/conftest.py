@@ -12,9 +12,19 @@ torch.set_num_threads(2)
 
 
 def tiny_config(arch: str = "llama", vocab: int = 64, **kw: object) -> ModelConfig:
-    base = dict(arch=arch, vocab_size=vocab, dim=48, n_layers=2, n_heads=4, n_kv_heads=2,
-                intermediate_size=96, max_position=512, tie_embeddings=arch == "llama",
-                qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3")
+    base = dict(
+        arch=arch,
+        vocab_size=vocab,
+        dim=48,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        intermediate_size=96,
+        max_position=512,
+        tie_embeddings=arch == "llama",
+        qkv_bias=arch == "qwen2",
+        qk_norm=arch == "qwen3",
+    )
     base.update(kw)
     return ModelConfig(**base)  # type: ignore[arg-type]
 

@@ -75,10 +75,16 @@ def _naive_greedy(model: Transformer, prompt: list[int], n: int) -> list[int]:
     model.setup_cache(len(prompt) + n + 8, attention="exact")
     for _ in range(n):
         t = len(seq)
-        out = model(torch.tensor([seq]), torch.arange(t)[None], 0, t, causal_mask(0, t, t, "cpu"),
-                    logits_rows=slice(t - 1, t))
+        out = model(
+            torch.tensor([seq]),
+            torch.arange(t)[None],
+            0,
+            t,
+            causal_mask(0, t, t, "cpu"),
+            logits_rows=slice(t - 1, t),
+        )
         seq.append(int(out.logits[0, -1].argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -121,7 +127,7 @@ def test_cache_after_speculation_equals_ar_cache() -> None:
     res = eng.generate(prompt, gen, drafter=OracleDrafter(ref.tokens, 64, 0.7, 11), spec=spec)
     assert res.tokens == ref.tokens
     assert any(a > 0 for a in res.accept_lengths)
-    for layer, k in zip(model.model.layers, ar_k):
+    for layer, k in zip(model.model.layers, ar_k, strict=False):
         m = min(n, len(prompt) + len(res.tokens) - 1)
         assert torch.equal(layer.self_attn.cache.k[:, :, :m], k[:, :, :m])
 
@@ -135,11 +141,20 @@ def test_stop_rules() -> None:
     first = free.index(eos)
     res = eng.generate(prompt, GenerationConfig(max_new_tokens=20), eos_ids=(eos,))
     assert res.tokens == free[: first + 1] and res.stop_reason == "eos"
-    spec_res = eng.generate(prompt, GenerationConfig(max_new_tokens=20), eos_ids=(eos,),
-                            drafter=OracleDrafter(free, 64, 1.0, 0), spec=SPECS[0])
+    spec_res = eng.generate(
+        prompt,
+        GenerationConfig(max_new_tokens=20),
+        eos_ids=(eos,),
+        drafter=OracleDrafter(free, 64, 1.0, 0),
+        spec=SPECS[0],
+    )
     assert spec_res.tokens == res.tokens
-    short = eng.generate(prompt, GenerationConfig(max_new_tokens=5, stop_on_eos=False),
-                         drafter=OracleDrafter(free, 64, 1.0, 0), spec=SPECS[0])
+    short = eng.generate(
+        prompt,
+        GenerationConfig(max_new_tokens=5, stop_on_eos=False),
+        drafter=OracleDrafter(free, 64, 1.0, 0),
+        spec=SPECS[0],
+    )
     assert short.tokens == free[:5] and short.stop_reason == "length"
 
     def detok(toks: list[int]) -> str:
@@ -147,9 +162,13 @@ def test_stop_rules() -> None:
 
     stop = f"t{free[3]} "
     cut = next(i for i in range(20) if stop in detok(free[: i + 1]))
-    res = eng.generate(prompt, GenerationConfig(max_new_tokens=20, stop_on_eos=False,
-                                                stop_strings=(stop,)), detok=detok,
-                       drafter=OracleDrafter(free, 64, 1.0, 0), spec=SPECS[0])
+    res = eng.generate(
+        prompt,
+        GenerationConfig(max_new_tokens=20, stop_on_eos=False, stop_strings=(stop,)),
+        detok=detok,
+        drafter=OracleDrafter(free, 64, 1.0, 0),
+        spec=SPECS[0],
+    )
     assert res.tokens == free[: cut + 1] and res.stop_reason == "stop"
 
 

@@ -57,11 +57,15 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.head_dim == 0:
             if self.n_heads <= 0 or self.dim % self.n_heads:
-                raise ConfigError(f"hidden size {self.dim} is not divisible by {self.n_heads} heads")
+                raise ConfigError(
+                    f"hidden size {self.dim} is not divisible by {self.n_heads} heads"
+                )
             object.__setattr__(self, "head_dim", self.dim // self.n_heads)
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "intermediate_size"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"model config: {name} must be positive, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"model config: {name} must be positive, got {getattr(self, name)}"
+                )
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 f"model config: {self.n_heads} attention heads are not a multiple of "
@@ -157,8 +161,7 @@ class ModelConfig:
         }
         if self.rope_scaling:
             d["rope_scaling"] = dict(self.rope_scaling)
-        if self.arch in ("llama", "mistral"):
-            d["attention_bias"] = self.qkv_bias
+        d["attention_bias"] = self.qkv_bias
         if self.bos_token_id is not None:
             d["bos_token_id"] = self.bos_token_id
         if self.eos_token_ids:

@@ -133,10 +133,16 @@ class Engine:
             self.model.setup_cache(min(size, max(need, self.context_len)), attention=self.attention)
 
     @torch.no_grad()
-    def generate(self, prompt: Sequence[int], gen: GenerationConfig,
-                 drafter: Drafter | None = None, spec: TreeSpec | None = None,
-                 eos_ids: Sequence[int] = (), detok: Callable[[list[int]], str] | None = None,
-                 on_tokens: TokenCallback | None = None) -> GenerationResult:
+    def generate(
+        self,
+        prompt: Sequence[int],
+        gen: GenerationConfig,
+        drafter: Drafter | None = None,
+        spec: TreeSpec | None = None,
+        eos_ids: Sequence[int] = (),
+        detok: Callable[[list[int]], str] | None = None,
+        on_tokens: TokenCallback | None = None,
+    ) -> GenerationResult:
         """Greedy decoding of ``prompt``; speculative when a drafter is given.
 
         ``detok`` turns generated tokens into text (needed only for stop strings).
@@ -164,8 +170,15 @@ class Engine:
         t0 = time.perf_counter()
         p = len(prompt)
         ids = torch.tensor([prompt], device=dev)
-        out = self.model(ids, torch.arange(p, device=dev)[None], 0, p, causal_mask(0, p, p, dev),
-                         logits_rows=slice(p - 1, p), hidden_layers=taps)
+        out = self.model(
+            ids,
+            torch.arange(p, device=dev)[None],
+            0,
+            p,
+            causal_mask(0, p, p, dev),
+            logits_rows=slice(p - 1, p),
+            hidden_layers=taps,
+        )
         first = int(out.logits[0, -1].argmax())
         if gen.record_margins:
             res.margins.append(_margin(out.logits[0, -1]))
@@ -201,8 +214,9 @@ class Engine:
             res.margins = res.margins[: len(res.tokens)]
         return res
 
-    def _step(self, root: int, cache_len: int, tree: DraftTree, taps: tuple[int, ...]
-              ) -> tuple[tuple[int, ...], list[int], Tensor, tuple[Tensor, ...]]:
+    def _step(
+        self, root: int, cache_len: int, tree: DraftTree, taps: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], list[int], Tensor, tuple[Tensor, ...]]:
         """Verify ``tree`` under ``root``; commit; return (accepted path, new tokens, logits,
         hidden states of the rows now committed to the cache)."""
         dev = self.model.device
@@ -235,8 +249,9 @@ def _margin(row: Tensor) -> float:
 class _Stopper:
     """Appends committed tokens to a result, applying EOS / length / stop-string rules."""
 
-    def __init__(self, gen: GenerationConfig, eos: tuple[int, ...],
-                 detok: Callable[[list[int]], str] | None) -> None:
+    def __init__(
+        self, gen: GenerationConfig, eos: tuple[int, ...], detok: Callable[[list[int]], str] | None
+    ) -> None:
         self.gen, self.eos, self.detok = gen, set(eos), detok
 
     def push(self, res: GenerationResult, new: list[int], cb: TokenCallback | None) -> bool:

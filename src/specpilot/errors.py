@@ -1,4 +1,4 @@
-"""User-facing errors. The CLI turns each into one line and a non-zero exit (traceback with --debug)."""
+"""User-facing errors: the CLI shows each as one line and exits non-zero (--debug: traceback)."""
 
 from __future__ import annotations
 

@@ -75,8 +75,15 @@ class PackedLinear(nn.Module):
 class KVCache(nn.Module):
     """Static per-layer cache ``(B, n_kv_heads, max_len, head_dim)`` addressed by slot."""
 
-    def __init__(self, batch: int, n_kv: int, max_len: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        batch: int,
+        n_kv: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         super().__init__()
         shape = (batch, n_kv, max_len, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
@@ -112,8 +119,15 @@ class Attention(nn.Module):
         self.cache: KVCache | None = None
         self.exact = False
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: int | Tensor, kv_len: int,
-                mask: Tensor | None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        slots: int | Tensor,
+        kv_len: int,
+        mask: Tensor | None,
+    ) -> Tensor:
         # x: (B, T, dim); cos/sin: (B, T, head_dim); mask: (B, T, kv_len) bool or None
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
@@ -129,8 +143,9 @@ class Attention(nn.Module):
         vals = self.cache.v[:, :, :kv_len]
         m = None if mask is None else mask.unsqueeze(1)  # (B, 1, T, kv_len)
         if self.exact:
-            o = F.scaled_dot_product_attention(q.double(), keys, vals, attn_mask=m,
-                                               enable_gqa=True).to(x.dtype)
+            o = F.scaled_dot_product_attention(
+                q.double(), keys, vals, attn_mask=m, enable_gqa=True
+            ).to(x.dtype)
         else:
             o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=m, enable_gqa=True)
         o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H*hd)
@@ -165,8 +180,15 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.rms_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: int | Tensor, kv_len: int,
-                mask: Tensor | None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        slots: int | Tensor,
+        kv_len: int,
+        mask: Tensor | None,
+    ) -> Tensor:
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, slots, kv_len, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -224,8 +246,9 @@ class Transformer(nn.Module):
         exact = self.attention == "exact"
         cache_dtype = torch.float64 if exact else self.dtype
         for layer in self.model.layers:
-            layer.self_attn.cache = KVCache(batch, cfg.n_kv_heads, max_len, cfg.head_dim,
-                                            cache_dtype, self.device)
+            layer.self_attn.cache = KVCache(
+                batch, cfg.n_kv_heads, max_len, cfg.head_dim, cache_dtype, self.device
+            )
             layer.self_attn.exact = exact
         inv_freq, scale = rope_inv_freq(cfg)
         pos = torch.arange(max_len, dtype=torch.int64).float()
@@ -244,8 +267,10 @@ class Transformer(nn.Module):
         if not onednn_available():
             return
         for layer in self.model.layers:
-            for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                                  (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for parent, names in (
+                (layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                (layer.mlp, ("gate_proj", "up_proj", "down_proj")),
+            ):
                 for name in names:
                     lin = getattr(parent, name)
                     if isinstance(lin, nn.Linear):
@@ -258,9 +283,16 @@ class Transformer(nn.Module):
         """The plain LM-head matrix ``(vocab, dim)`` (drafters that share it read it here)."""
         return self._head_plain if self._head_plain is not None else self.lm_head.weight
 
-    def forward(self, tokens: Tensor, positions: Tensor, slots: int | Tensor, kv_len: int,
-                mask: Tensor | None = None, logits_rows: Tensor | slice | None = None,
-                hidden_layers: tuple[int, ...] = ()) -> ForwardOut:
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        slots: int | Tensor,
+        kv_len: int,
+        mask: Tensor | None = None,
+        logits_rows: Tensor | slice | None = None,
+        hidden_layers: tuple[int, ...] = (),
+    ) -> ForwardOut:
         """Run new tokens against the cache.
 
         tokens:    (B, T) token ids

@@ -54,8 +54,9 @@ class DraftTree:
         return DraftTree(z, z.clone(), z.clone(), torch.zeros(0))
 
     @staticmethod
-    def from_parents(tokens: Sequence[int], parents: Sequence[int],
-                     scores: Sequence[float] | None = None) -> DraftTree:
+    def from_parents(
+        tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float] | None = None
+    ) -> DraftTree:
         depths: list[int] = []
         for i, p in enumerate(parents):
             if not -1 <= p < i:
@@ -112,7 +113,9 @@ class TreeSpec:
                 if not p or any(r < 0 for r in p):
                     raise ConfigError(f"static tree path {list(p)} must be non-empty ranks >= 0")
                 if len(p) > 1 and p[:-1] not in seen:
-                    raise ConfigError(f"static tree path {list(p)} has no parent path {list(p[:-1])}")
+                    raise ConfigError(
+                        f"static tree path {list(p)} has no parent path {list(p[:-1])}"
+                    )
 
     @property
     def max_nodes(self) -> int:
@@ -142,9 +145,11 @@ class TreeSpec:
 
         text = text.strip()
         try:
-            raw = json.loads(text) if text.startswith("[") else [
-                [int(x) for x in part.split(".")] for part in text.split(";") if part.strip()
-            ]
+            raw = (
+                json.loads(text)
+                if text.startswith("[")
+                else [[int(x) for x in part.split(".")] for part in text.split(";") if part.strip()]
+            )
             return tuple(tuple(int(x) for x in p) for p in raw)
         except (ValueError, TypeError) as e:
             raise ConfigError(f"cannot parse tree paths {text!r}: use '0;1;0.0' or JSON") from e
@@ -170,8 +175,12 @@ def subtree(cand: DraftTree, keep: Sequence[int]) -> DraftTree:
     remap = {old: new for new, old in enumerate(keep)}
     parents = [remap[int(cand.parents[i])] if int(cand.parents[i]) >= 0 else -1 for i in keep]
     idx = torch.tensor(list(keep), dtype=torch.long)
-    return DraftTree(cand.tokens[idx], torch.tensor(parents, dtype=torch.long),
-                     cand.depths[idx], cand.scores[idx])
+    return DraftTree(
+        cand.tokens[idx],
+        torch.tensor(parents, dtype=torch.long),
+        cand.depths[idx],
+        cand.scores[idx],
+    )
 
 
 def select_paths(cand: DraftTree, paths: Sequence[tuple[int, ...]]) -> DraftTree:

@@ -1,0 +1,358 @@
+"""``specpilot`` command line: the only place that prints. Library modules return data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from specpilot import __version__
+from specpilot.errors import ConfigError, SpecPilotError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="HF model directory, .gguf file, or a known name (default: %(default)s)",
+    )
+    g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
+    g.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="weights/activations dtype; bf16/fp16 on GPU (default: %(default)s)",
+    )
+    g.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    g.add_argument(
+        "--attention",
+        default="auto",
+        choices=["auto", "exact", "sdpa"],
+        help="exact = fp64 batch-invariant attention (CPU default); sdpa = native",
+    )
+    g.add_argument(
+        "--linear",
+        default="onednn",
+        choices=["onednn", "torch"],
+        help="CPU fp32 GEMM backend (onednn: prepacked, batch-invariant)",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+
+
+def _drafter_args(p: argparse.ArgumentParser, default: str = "suffix") -> None:
+    g = p.add_argument_group("speculation")
+    g.add_argument(
+        "--drafter",
+        default=default,
+        choices=["none", "lookup", "suffix", "model"],
+        help="none = plain decoding; lookup = prompt n-gram lookup; suffix = suffix "
+        "tree over prompt and earlier outputs; model = a draft model "
+        "(default: %(default)s)",
+    )
+    g.add_argument("--draft-model", default=None, help="draft model for --drafter model")
+    g.add_argument(
+        "--tree",
+        default="dynamic",
+        choices=["chain", "static", "dynamic"],
+        help="draft tree shape (default: %(default)s)",
+    )
+    g.add_argument("--k", type=int, default=5, help="chain length for --tree chain")
+    g.add_argument(
+        "--paths",
+        default=None,
+        help="static tree index paths, e.g. '0;1;0.0;0.1' or JSON [[0],[1],[0,0]]",
+    )
+    g.add_argument("--budget", type=int, default=16, help="node budget N for --tree dynamic")
+    g.add_argument("--topk", type=int, default=4, help="children per node for --tree dynamic")
+    g.add_argument("--depth", type=int, default=8, help="max depth for --tree dynamic")
+    g.add_argument("--lookup-min-n", type=int, default=1, help="prompt lookup: shortest n-gram")
+    g.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: longest n-gram")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="specpilot",
+        description="Lossless speculative decoding: generate, benchmark and (soon) tune.",
+    )
+    p.add_argument("--version", action="version", version=f"specpilot {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    g = sub.add_parser(
+        "generate",
+        help="generate text for one prompt, streaming",
+        description="Generate text for one prompt; prints tau at the end.",
+    )
+    _model_args(g)
+    _drafter_args(g)
+    g.add_argument("--prompt", required=True, help="prompt text")
+    g.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="apply the model's chat template (default: on)",
+    )
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
+
+    b = sub.add_parser(
+        "bench",
+        help="AR vs speculative decoding side by side, token-forced",
+        description="Run plain AR and speculative decoding on the same prompts, "
+        "verify token forcing, report tokens/s, tau and speedup.",
+    )
+    _model_args(b)
+    _drafter_args(b)
+    src = b.add_mutually_exclusive_group()
+    src.add_argument("--workload", default=None, help="humaneval or chat (default: humaneval)")
+    src.add_argument(
+        "--prompts", default=None, help='JSONL file, one {"id", "prompt", "chat"} object per line'
+    )
+    b.add_argument("--limit", type=int, default=None, help="take the first N prompts")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--repeats", type=int, default=1, help="timed rounds; median reported")
+    b.add_argument(
+        "--peers",
+        action="append",
+        default=[],
+        choices=["hf"],
+        help="also run Hugging Face transformers greedy and prompt lookup",
+    )
+    b.add_argument("--json", default=None, help="write results to this JSON file")
+    b.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
+    b.add_argument(
+        "--no-strict",
+        action="store_true",
+        help="tolerate divergences at near-ties (top-2 logit gap < 1e-3)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.cmd == "generate":
+            return _cmd_generate(args)
+        if args.cmd == "bench":
+            return _cmd_bench(args)
+        raise AssertionError(args.cmd)
+    except SpecPilotError as e:
+        if args.debug:
+            raise
+        print(f"specpilot: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specpilot: interrupted", file=sys.stderr)
+        return 130
+
+
+def _setup(
+    args: argparse.Namespace, hf_peers: bool = False
+) -> tuple[Any, Any, Any, Any, list[Any]]:
+    """Load the target; build the engine, drafter factory, tree spec and peers (validated
+    first, so a bad flag fails before the model loads)."""
+    from specpilot.engine import Engine, EngineConfig
+    from specpilot.loading import load_model
+    from specpilot.tree import TreeSpec
+
+    ecfg = EngineConfig(
+        device=args.device,
+        dtype=args.dtype,
+        attention=args.attention,
+        linear=args.linear,
+        threads=args.threads,
+    )
+    paths = TreeSpec.parse_paths(args.paths) if args.paths else ()
+    if args.tree == "static" and not paths:
+        raise ConfigError("--tree static needs --paths, e.g. --paths '0;1;0.0;0.1'")
+    spec = TreeSpec(
+        kind=args.tree, k=args.k, paths=paths, budget=args.budget, topk=args.topk, depth=args.depth
+    )
+    if args.drafter == "model" and not args.draft_model:
+        raise ConfigError("--drafter model needs --draft-model PATH")
+    if args.lookup_min_n < 1 or args.lookup_max_n < args.lookup_min_n:
+        raise ConfigError("--lookup-min-n must be >= 1 and <= --lookup-max-n")
+    loaded = load_model(args.model, device=ecfg.device, dtype=ecfg.torch_dtype)
+    peers: list[Any] = []
+    if hf_peers:  # built from the same weights, before the engine prepacks them
+        from specpilot.peers.hf import build_hf_model, make_hf_peers
+
+        hf = build_hf_model(loaded.cfg, loaded.model.state_dict())
+        peers = list(make_hf_peers(hf, ("greedy", "prompt-lookup")))
+    engine = Engine(loaded.model, ecfg)
+    factory = _drafter_factory(args, loaded, ecfg)
+    factory()  # fail fast on an incompatible drafter
+    return loaded, engine, factory, spec, peers
+
+
+def _drafter_factory(args: argparse.Namespace, loaded: Any, ecfg: Any) -> Any:
+    from specpilot.drafters import make_drafter
+
+    draft = None
+    if args.drafter == "model":
+        from specpilot.loading import load_model
+
+        draft = load_model(args.draft_model, device=ecfg.device, dtype=ecfg.torch_dtype)
+    opts: dict[str, Any] = {}
+    if args.drafter == "lookup":
+        opts = {"min_n": args.lookup_min_n, "max_n": args.lookup_max_n}
+
+    def make() -> Any:
+        return make_drafter(
+            args.drafter, target=loaded, tokenizer=loaded.tokenizer, draft=draft, **opts
+        )
+
+    return make
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from specpilot.engine import GenerationConfig
+    from specpilot.tokenizer import StreamDecoder
+
+    loaded, engine, factory, spec, _ = _setup(args)
+    tok = loaded.tokenizer
+    ids = tok.encode_prompt(args.prompt, chat=args.chat)
+    gen = GenerationConfig(
+        max_new_tokens=args.max_new_tokens,
+        stop_on_eos=not args.ignore_eos,
+        stop_strings=tuple(args.stop),
+    )
+    stream = StreamDecoder(tok)
+
+    def on_tokens(new: list[int]) -> None:
+        sys.stdout.write(stream.push(new))
+        sys.stdout.flush()
+
+    t = time.perf_counter()
+    res = engine.generate(
+        ids,
+        gen,
+        drafter=factory(),
+        spec=spec,
+        eos_ids=tok.eos_ids,
+        detok=tok.decode,
+        on_tokens=on_tokens,
+    )
+    wall = time.perf_counter() - t
+    sys.stdout.write(stream.flush() + "\n")
+    print(
+        f"[{len(res.tokens)} tokens, {len(res.tokens) / wall:.1f} tok/s, tau {res.tau:.2f}, "
+        f"{res.steps} target steps, drafter {args.drafter}, stop: {res.stop_reason}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from specpilot.bench import BenchConfig, run_bench
+    from specpilot.workloads import load_workload
+
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    cfg = BenchConfig(
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        stop_on_eos=not args.ignore_eos,
+        strict=not args.no_strict,
+    )
+    workload = None if args.prompts else (args.workload or "humaneval")
+    prompts = load_workload(workload, prompts_file=args.prompts, limit=args.limit)
+    if args.json:
+        _check_writable(Path(args.json))
+    loaded, engine, factory, spec, peers = _setup(args, hf_peers="hf" in args.peers)
+    tok = loaded.tokenizer
+    encoded = [(p.id, tok.encode_prompt(p.text, chat=p.chat)) for p in prompts]
+    console = Console(stderr=True)
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("bench", total=len(encoded) * cfg.repeats)
+
+        def progress(pid: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, description=f"bench {pid}")
+
+        res = run_bench(
+            engine,
+            encoded,
+            factory,
+            spec,
+            cfg,
+            eos_ids=tok.eos_ids,
+            peers=peers,
+            progress=progress,
+            drafter_name=args.drafter,
+        )
+    out = res.to_json()
+    out.update(
+        model=loaded.source,
+        workload=workload or args.prompts,
+        threads=args.threads,
+        attention=engine.attention,
+        linear=args.linear,
+        device=args.device,
+    )
+    _render_bench(console, res)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0 if res.lossless else 1
+
+
+def _check_writable(path: Path) -> None:
+    if not path.parent.exists():
+        raise ConfigError(f"--json: directory {path.parent} does not exist")
+
+
+def _render_bench(console: Any, res: Any) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"specpilot bench: {res.n_prompts} prompts x {res.max_new_tokens} tokens")
+    t.add_column("engine")
+    t.add_column("tok/s", justify="right")
+    t.add_column("vs own AR", justify="right")
+    t.add_column("tokens = AR", justify="right")
+    t.add_row("specpilot AR (reference)", f"{res.ar_tok_s:.1f}", "1.00x", "-")
+    if res.drafter != "none":
+        spec = f"{res.spec_tok_s:.1f}" if res.spec_tok_s else "n/a"
+        sp = f"{res.speedup:.2f}x" if res.speedup else "n/a"
+        t.add_row(
+            f"specpilot {res.drafter} ({res.tree['kind']})",
+            spec,
+            sp,
+            f"{res.n_prompts - res.mismatches}/{res.n_prompts}",
+        )
+    for name, ps in res.peers.items():
+        t.add_row(
+            name,
+            f"{ps.tok_s:.1f}",
+            f"{ps.tok_s / res.ar_tok_s:.2f}x",
+            f"{ps.n_identical}/{ps.n_prompts}",
+        )
+    console.print(t)
+    if res.drafter != "none":
+        depth = " ".join(f"{a:.2f}" for a in res.acceptance_by_depth)
+        console.print(
+            f"tau {res.tau:.2f}  mean nodes/step {res.mean_draft_nodes:.1f}  "
+            f"draft {res.draft_ms_per_step:.2f} ms/step  acceptance by depth: {depth}"
+        )
+    console.print(f"token forcing: {res.forcing.summary()}")
+    if not res.lossless:
+        for d in res.forcing.divergences[:5]:
+            console.print(f"  {d.describe()}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
