@@ -1,0 +1,200 @@
+"""CLI end to end on a tiny model directory: bench JSON contract, generate, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specpilot.cli import main
+
+from .test_loading import make_model, save_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_dir(tmp_path_factory.mktemp("cli") / "tiny", make_model("llama-tied", seed=2))
+
+
+def _prompts(tmp: Path, lines: list[str]) -> Path:
+    p = tmp / "prompts.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+GOOD = [
+    json.dumps({"id": "a", "prompt": "def f(x): return x + x + x", "chat": False}),
+    json.dumps({"id": "b", "prompt": "hello hello hello world", "chat": False}),
+]
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "suffix"])
+def test_bench_json_contract(model_dir: Path, tmp_path: Path, drafter: str) -> None:
+    out = tmp_path / "bench.json"
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(model_dir),
+            "--prompts",
+            str(_prompts(tmp_path, GOOD)),
+            "--max-new-tokens",
+            "24",
+            "--drafter",
+            drafter,
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    d = json.loads(out.read_text())
+    for key in ("ar_tok_s", "spec_tok_s", "speedup", "tau", "lossless", "mismatches", "peers"):
+        assert key in d
+    assert d["lossless"] is True and d["mismatches"] == 0
+    assert d["ar_tok_s"] > 0 and d["spec_tok_s"] > 0 and d["tau"] >= 1.0
+    assert d["n_prompts"] == 2
+
+
+def test_generate_streams_text(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--prompt",
+            "hello world",
+            "--no-chat",
+            "--max-new-tokens",
+            "12",
+            "--drafter",
+            "lookup",
+        ]
+    )
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "tau" in err and "tokens" in err
+
+
+def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc != 0
+    assert "Traceback" not in err
+    lines = [x for x in err.strip().splitlines() if x]
+    assert len(lines) == 1 and lines[0].startswith("specpilot: error:"), err
+    return lines[0]
+
+
+def test_missing_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    msg = _error(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x"], capsys)
+    assert "not found" in msg
+
+
+def test_corrupt_safetensors(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in model_dir.iterdir():
+        data = f.read_bytes()
+        (bad / f.name).write_bytes(data[: len(data) // 3] if f.suffix == ".safetensors" else data)
+    msg = _error(["generate", "--model", str(bad), "--prompt", "x"], capsys)
+    assert "safetensors" in msg
+
+
+def test_corrupt_gguf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    g = tmp_path / "m.gguf"
+    g.write_bytes(b"GGUF" + b"\x00garbage" * 10)
+    msg = _error(["generate", "--model", str(g), "--prompt", "x"], capsys)
+    assert "m.gguf" in msg
+
+
+def test_unknown_architecture(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for f in model_dir.iterdir():
+        (odd / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((odd / "config.json").read_text())
+    cfg["model_type"] = "mamba"
+    (odd / "config.json").write_text(json.dumps(cfg))
+    msg = _error(["generate", "--model", str(odd), "--prompt", "x"], capsys)
+    assert "mamba" in msg and "supported" in msg
+
+
+def test_draft_tokenizer_differs(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "draft"
+    other.mkdir()
+    for f in model_dir.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    tj = json.loads((other / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    a, b = sorted(vocab)[5:7]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(tj))
+    msg = _error(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--prompt",
+            "x",
+            "--drafter",
+            "model",
+            "--draft-model",
+            str(other),
+        ],
+        capsys,
+    )
+    assert "tokenizer differs" in msg
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--k", "0", "--tree", "chain"],
+        ["--budget", "-2"],
+        ["--topk", "0"],
+        ["--max-new-tokens", "0"],
+        ["--tree", "static"],
+        ["--tree", "static", "--paths", "0.0"],
+    ],
+)
+def test_bad_numbers(model_dir: Path, flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    _error(["generate", "--model", str(model_dir), "--prompt", "x", *flags], capsys)
+
+
+def test_prompt_too_long(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    msg = _error(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--no-chat",
+            "--prompt",
+            "hello world " * 400,
+            "--max-new-tokens",
+            "8",
+        ],
+        capsys,
+    )
+    assert "context" in msg
+
+
+def test_malformed_prompts_file(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = _prompts(tmp_path, [GOOD[0], "{not json", GOOD[1]])
+    msg = _error(["bench", "--model", str(model_dir), "--prompts", str(p)], capsys)
+    assert "line 2" in msg
+
+
+def test_debug_shows_traceback(tmp_path: Path) -> None:
+    from specpilot.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError):
+        main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x", "--debug"])
