@@ -198,3 +198,32 @@ def test_debug_shows_traceback(tmp_path: Path) -> None:
 
     with pytest.raises(ModelLoadError):
         main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x", "--debug"])
+
+
+def test_bench_several_candidates_share_one_reference(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = [
+        "bench",
+        "--model",
+        str(model_dir),
+        "--prompts",
+        str(_prompts(tmp_path, GOOD)),
+        "--max-new-tokens",
+        "16",
+        "--drafter",
+        "lookup",
+        "--drafter",
+        "suffix",
+        "--tree",
+        "chain",
+        "--tree",
+        "dynamic",
+        "--json",
+        str(out),
+    ]
+    assert main(argv) == 0
+    d = json.loads(out.read_text())
+    names = [c["name"] for c in d["candidates"]]
+    assert names == ["lookup/chain", "lookup/dynamic", "suffix/chain", "suffix/dynamic"]
+    assert all(c["lossless"] for c in d["candidates"])
+    assert d["drafter"] == "lookup" and d["tree"]["kind"] == "chain"

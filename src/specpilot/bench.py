@@ -2,14 +2,15 @@
 
 Protocol (the same for every figure in BENCHMARKS.md):
   1. warm-up: a short AR and speculative generation on the first prompt (not timed);
-  2. round 1: per prompt, interleaved, AR (the reference, with logit margins), speculative, then
-     each peer; the speculative outputs and the peers' outputs are compared token by token with
-     the reference (token forcing) before any speed is reported;
+  2. round 1: per prompt, interleaved, AR (the reference, with logit margins), each speculative
+     candidate, then each peer; the candidates' and peers' outputs are compared token by token
+     with the reference (token forcing) before any speed is reported;
   3. rounds 2..R: the same, timed only; each round gets a fresh drafter, so nothing a drafter
      learned from an earlier round's outputs carries over.
 Speed = generated tokens / wall time of the generate calls (prefill included), per round;
 the reported figure is the median over rounds. A speculative run that fails forcing gets no
-speed figure (``spec_tok_s`` and ``speedup`` are None).
+speed figure (``spec_tok_s`` and ``speedup`` are None). Several candidates (tree shapes,
+drafters) can share one reference run.
 """
 
 from __future__ import annotations
@@ -60,14 +61,23 @@ class PeerStats:
     n_prompts: int
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A speculative configuration to benchmark: a drafter (built fresh per round) and a shape."""
+
+    name: str
+    drafter: str
+    make_drafter: Callable[[], Drafter | None]
+    spec: TreeSpec
+
+
 @dataclass
-class BenchResult:
+class CandidateResult:
+    name: str
     drafter: str
     tree: dict[str, Any]
-    n_prompts: int
-    max_new_tokens: int
-    ar_tok_s: float
     spec_tok_s: float | None
+    """None when token forcing failed: a lossy run gets no speed figure."""
     speedup: float | None
     tau: float
     acceptance_by_depth: list[float]
@@ -76,10 +86,7 @@ class BenchResult:
     lossless: bool
     mismatches: int
     forcing: ForcingReport
-    peers: dict[str, PeerStats] = field(default_factory=dict)
-    rounds_ar_tok_s: list[float] = field(default_factory=list)
-    rounds_spec_tok_s: list[float] = field(default_factory=list)
-    tokens_generated: int = 0
+    rounds_tok_s: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -88,8 +95,46 @@ class BenchResult:
             "summary": self.forcing.summary(),
             "divergences": [asdict(x) for x in self.forcing.divergences],
         }
-        d["peers"] = {k: asdict(v) for k, v in self.peers.items()}
         return d
+
+
+@dataclass
+class BenchResult:
+    n_prompts: int
+    max_new_tokens: int
+    ar_tok_s: float
+    candidates: list[CandidateResult]
+    peers: dict[str, PeerStats] = field(default_factory=dict)
+    rounds_ar_tok_s: list[float] = field(default_factory=list)
+    tokens_generated: int = 0
+
+    @property
+    def primary(self) -> CandidateResult | None:
+        return self.candidates[0] if self.candidates else None
+
+    @property
+    def lossless(self) -> bool:
+        return all(c.lossless for c in self.candidates)
+
+    def to_json(self) -> dict[str, Any]:
+        """Flat figures of the first candidate, plus every candidate and peer."""
+        p = self.primary
+        return {
+            "n_prompts": self.n_prompts,
+            "max_new_tokens": self.max_new_tokens,
+            "tokens_generated": self.tokens_generated,
+            "ar_tok_s": self.ar_tok_s,
+            "rounds_ar_tok_s": self.rounds_ar_tok_s,
+            "drafter": p.drafter if p else "none",
+            "tree": p.tree if p else None,
+            "spec_tok_s": p.spec_tok_s if p else None,
+            "speedup": p.speedup if p else None,
+            "tau": p.tau if p else 1.0,
+            "lossless": self.lossless,
+            "mismatches": sum(c.mismatches for c in self.candidates),
+            "candidates": [c.to_json() for c in self.candidates],
+            "peers": {k: asdict(v) for k, v in self.peers.items()},
+        }
 
 
 ProgressFn = Callable[[str, int, int], None]
@@ -112,53 +157,55 @@ class _Tally:
 def run_bench(
     engine: Engine,
     prompts: Sequence[tuple[str, list[int]]],
-    make_drafter: Callable[[], Drafter | None],
-    spec: TreeSpec,
+    candidates: Sequence[Candidate],
     cfg: BenchConfig,
-    drafter_name: str = "none",
     eos_ids: tuple[int, ...] = (),
     peers: Sequence[Peer] = (),
     progress: ProgressFn | None = None,
 ) -> BenchResult:
-    """Benchmark ``prompts`` (id, token ids). ``make_drafter`` builds a fresh drafter per round."""
+    """Benchmark ``prompts`` (id, token ids): the AR reference, each candidate, each peer."""
     if not prompts:
         raise ConfigError("no prompts to benchmark")
     gen = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_on_eos=cfg.stop_on_eos)
     ref_gen = GenerationConfig(
         max_new_tokens=cfg.max_new_tokens, stop_on_eos=cfg.stop_on_eos, record_margins=True
     )
-    warm = make_drafter()
     warm_gen = GenerationConfig(max_new_tokens=min(8, cfg.max_new_tokens), stop_on_eos=False)
     engine.generate(prompts[0][1], warm_gen, eos_ids=eos_ids)
-    if warm is not None:
-        engine.generate(prompts[0][1], warm_gen, drafter=warm, spec=spec, eos_ids=eos_ids)
+    for c in candidates:
+        engine.generate(
+            prompts[0][1], warm_gen, drafter=c.make_drafter(), spec=c.spec, eos_ids=eos_ids
+        )
 
     refs: list[Reference] = []
-    spec_out: dict[str, list[int]] = {}
-    spec_runs: list[GenerationResult] = []
+    outs: dict[str, dict[str, list[int]]] = {c.name: {} for c in candidates}
+    runs: dict[str, list[GenerationResult]] = {c.name: [] for c in candidates}
     peer_ident: dict[str, int] = {p.name: 0 for p in peers}
     rounds_ar: list[float] = []
-    rounds_spec: list[float] = []
+    rounds_c: dict[str, list[float]] = {c.name: [] for c in candidates}
     rounds_peer: dict[str, list[float]] = {p.name: [] for p in peers}
     total = cfg.repeats * len(prompts)
     for rnd in range(cfg.repeats):
-        drafter = make_drafter()
-        ar, sp = _Tally(), _Tally()
+        first = rnd == 0
+        drafters = {c.name: c.make_drafter() for c in candidates}
+        ar = _Tally()
+        ct = {c.name: _Tally() for c in candidates}
         pt = {p.name: _Tally() for p in peers}
         for i, (pid, ids) in enumerate(prompts):
-            first = rnd == 0
             t = time.perf_counter()
             ref = engine.generate(ids, ref_gen if first else gen, eos_ids=eos_ids)
             ar.add(len(ref.tokens), time.perf_counter() - t)
             if first:
                 refs.append(Reference(pid, tuple(ref.tokens), tuple(ref.margins)))
-            if drafter is not None:
+            for c in candidates:
                 t = time.perf_counter()
-                res = engine.generate(ids, gen, drafter=drafter, spec=spec, eos_ids=eos_ids)
-                sp.add(len(res.tokens), time.perf_counter() - t)
+                res = engine.generate(
+                    ids, gen, drafter=drafters[c.name], spec=c.spec, eos_ids=eos_ids
+                )
+                ct[c.name].add(len(res.tokens), time.perf_counter() - t)
                 if first:
-                    spec_out[pid] = res.tokens
-                    spec_runs.append(res)
+                    outs[c.name][pid] = res.tokens
+                    runs[c.name].append(res)
             for peer in peers:
                 t = time.perf_counter()
                 toks = peer.generate(ids, cfg.max_new_tokens, eos_ids if cfg.stop_on_eos else ())
@@ -168,38 +215,27 @@ def run_bench(
             if progress is not None:
                 progress(pid, rnd * len(prompts) + i + 1, total)
         rounds_ar.append(ar.tok_s)
-        if drafter is not None:
-            rounds_spec.append(sp.tok_s)
+        for name, tally in ct.items():
+            rounds_c[name].append(tally.tok_s)
         for name, tally in pt.items():
             rounds_peer[name].append(tally.tok_s)
 
-    if not spec_runs:  # no drafter: the AR reference is compared with itself
-        spec_out = {r.prompt_id: list(r.tokens) for r in refs}
-    forcing = check(refs, spec_out, strict=cfg.strict)
     ar_tok_s = statistics.median(rounds_ar)
-    spec_tok_s = statistics.median(rounds_spec) if rounds_spec and forcing.ok else None
-    steps = sum(r.steps for r in spec_runs)
-    accepted = sum(sum(r.accept_lengths) for r in spec_runs)
-    depth = spec.max_depth
-    by_depth = [
-        sum(sum(a >= d for a in r.accept_lengths) for r in spec_runs) / steps if steps else 0.0
-        for d in range(1, depth + 1)
+    results = [
+        _candidate_result(
+            c,
+            runs[c.name],
+            check(refs, outs[c.name], strict=cfg.strict),
+            rounds_c[c.name],
+            ar_tok_s,
+        )
+        for c in candidates
     ]
     return BenchResult(
-        drafter=drafter_name,
-        tree=asdict(spec),
         n_prompts=len(prompts),
         max_new_tokens=cfg.max_new_tokens,
         ar_tok_s=ar_tok_s,
-        spec_tok_s=spec_tok_s,
-        speedup=spec_tok_s / ar_tok_s if spec_tok_s else None,
-        tau=(accepted + steps) / steps if steps else 1.0,
-        acceptance_by_depth=by_depth,
-        mean_draft_nodes=sum(sum(r.draft_nodes) for r in spec_runs) / steps if steps else 0.0,
-        draft_ms_per_step=1e3 * sum(r.draft_s for r in spec_runs) / steps if steps else 0.0,
-        lossless=forcing.ok,
-        mismatches=len(forcing.divergences),
-        forcing=forcing,
+        candidates=results,
         peers={
             name: PeerStats(
                 statistics.median(rounds_peer[name]),
@@ -210,6 +246,36 @@ def run_bench(
             for name in peer_ident
         },
         rounds_ar_tok_s=rounds_ar,
-        rounds_spec_tok_s=rounds_spec,
         tokens_generated=sum(len(r.tokens) for r in refs),
+    )
+
+
+def _candidate_result(
+    c: Candidate,
+    runs: list[GenerationResult],
+    forcing: ForcingReport,
+    rounds: list[float],
+    ar_tok_s: float,
+) -> CandidateResult:
+    steps = sum(r.steps for r in runs)
+    accepted = sum(sum(r.accept_lengths) for r in runs)
+    by_depth = [
+        sum(sum(a >= d for a in r.accept_lengths) for r in runs) / steps if steps else 0.0
+        for d in range(1, c.spec.max_depth + 1)
+    ]
+    tok_s = statistics.median(rounds) if forcing.ok else None
+    return CandidateResult(
+        name=c.name,
+        drafter=c.drafter,
+        tree=asdict(c.spec),
+        spec_tok_s=tok_s,
+        speedup=tok_s / ar_tok_s if tok_s else None,
+        tau=(accepted + steps) / steps if steps else 1.0,
+        acceptance_by_depth=by_depth,
+        mean_draft_nodes=sum(sum(r.draft_nodes) for r in runs) / steps if steps else 0.0,
+        draft_ms_per_step=1e3 * sum(r.draft_s for r in runs) / steps if steps else 0.0,
+        lossless=forcing.ok,
+        mismatches=len(forcing.divergences),
+        forcing=forcing,
+        rounds_tok_s=rounds,
     )

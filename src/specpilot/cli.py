@@ -13,6 +13,8 @@ from specpilot import __version__
 from specpilot.errors import ConfigError, SpecPilotError
 
 DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_DRAFTER = "suffix"
+DEFAULT_TREE = "dynamic"
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -45,22 +47,22 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
-def _drafter_args(p: argparse.ArgumentParser, default: str = "suffix") -> None:
+def _drafter_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculation")
     g.add_argument(
         "--drafter",
-        default=default,
+        action="append",
         choices=["none", "lookup", "suffix", "model"],
         help="none = plain decoding; lookup = prompt n-gram lookup; suffix = suffix "
         "tree over prompt and earlier outputs; model = a draft model "
-        "(default: %(default)s)",
+        "(default: suffix; bench takes several)",
     )
     g.add_argument("--draft-model", default=None, help="draft model for --drafter model")
     g.add_argument(
         "--tree",
-        default="dynamic",
+        action="append",
         choices=["chain", "static", "dynamic"],
-        help="draft tree shape (default: %(default)s)",
+        help="draft tree shape (default: dynamic); bench takes several",
     )
     g.add_argument("--k", type=int, default=5, help="chain length for --tree chain")
     g.add_argument(
@@ -154,9 +156,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _setup(
     args: argparse.Namespace, hf_peers: bool = False
-) -> tuple[Any, Any, Any, Any, list[Any]]:
-    """Load the target; build the engine, drafter factory, tree spec and peers (validated
-    first, so a bad flag fails before the model loads)."""
+) -> tuple[Any, Any, list[Any], list[Any]]:
+    """Load the target; build the engine, the speculative candidates (drafter x tree shape) and
+    peers. Flags are validated first, so a bad flag fails before the model loads."""
+    from specpilot.bench import Candidate
     from specpilot.engine import Engine, EngineConfig
     from specpilot.loading import load_model
     from specpilot.tree import TreeSpec
@@ -168,13 +171,18 @@ def _setup(
         linear=args.linear,
         threads=args.threads,
     )
+    drafters = list(dict.fromkeys(args.drafter or [DEFAULT_DRAFTER]))
+    trees = list(dict.fromkeys(args.tree or [DEFAULT_TREE]))
     paths = TreeSpec.parse_paths(args.paths) if args.paths else ()
-    if args.tree == "static" and not paths:
+    if "static" in trees and not paths:
         raise ConfigError("--tree static needs --paths, e.g. --paths '0;1;0.0;0.1'")
-    spec = TreeSpec(
-        kind=args.tree, k=args.k, paths=paths, budget=args.budget, topk=args.topk, depth=args.depth
-    )
-    if args.drafter == "model" and not args.draft_model:
+    specs = [
+        TreeSpec(
+            kind=t, k=args.k, paths=paths, budget=args.budget, topk=args.topk, depth=args.depth
+        )
+        for t in trees
+    ]
+    if "model" in drafters and not args.draft_model:
         raise ConfigError("--drafter model needs --draft-model PATH")
     if args.lookup_min_n < 1 or args.lookup_max_n < args.lookup_min_n:
         raise ConfigError("--lookup-min-n must be >= 1 and <= --lookup-max-n")
@@ -186,27 +194,31 @@ def _setup(
         hf = build_hf_model(loaded.cfg, loaded.model.state_dict())
         peers = list(make_hf_peers(hf, ("greedy", "prompt-lookup")))
     engine = Engine(loaded.model, ecfg)
-    factory = _drafter_factory(args, loaded, ecfg)
-    factory()  # fail fast on an incompatible drafter
-    return loaded, engine, factory, spec, peers
+    draft = None
+    if "model" in drafters:
+        draft = load_model(args.draft_model, device=ecfg.device, dtype=ecfg.torch_dtype)
+        draft.model.prepack(ecfg.linear)
+    candidates = []
+    for name in drafters:
+        if name == "none":
+            continue
+        make = _drafter_factory(name, args, loaded, draft)
+        make()  # fail fast on an incompatible drafter
+        for spec in specs:
+            label = f"{name}/{spec.kind}"
+            candidates.append(Candidate(label, name, make, spec))
+    return loaded, engine, candidates, peers
 
 
-def _drafter_factory(args: argparse.Namespace, loaded: Any, ecfg: Any) -> Any:
+def _drafter_factory(name: str, args: argparse.Namespace, loaded: Any, draft: Any) -> Any:
     from specpilot.drafters import make_drafter
 
-    draft = None
-    if args.drafter == "model":
-        from specpilot.loading import load_model
-
-        draft = load_model(args.draft_model, device=ecfg.device, dtype=ecfg.torch_dtype)
     opts: dict[str, Any] = {}
-    if args.drafter == "lookup":
+    if name == "lookup":
         opts = {"min_n": args.lookup_min_n, "max_n": args.lookup_max_n}
 
     def make() -> Any:
-        return make_drafter(
-            args.drafter, target=loaded, tokenizer=loaded.tokenizer, draft=draft, **opts
-        )
+        return make_drafter(name, target=loaded, tokenizer=loaded.tokenizer, draft=draft, **opts)
 
     return make
 
@@ -215,7 +227,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from specpilot.engine import GenerationConfig
     from specpilot.tokenizer import StreamDecoder
 
-    loaded, engine, factory, spec, _ = _setup(args)
+    loaded, engine, candidates, _ = _setup(args)
+    cand = candidates[0] if candidates else None
     tok = loaded.tokenizer
     ids = tok.encode_prompt(args.prompt, chat=args.chat)
     gen = GenerationConfig(
@@ -233,8 +246,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     res = engine.generate(
         ids,
         gen,
-        drafter=factory(),
-        spec=spec,
+        drafter=cand.make_drafter() if cand else None,
+        spec=cand.spec if cand else None,
         eos_ids=tok.eos_ids,
         detok=tok.decode,
         on_tokens=on_tokens,
@@ -243,7 +256,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     sys.stdout.write(stream.flush() + "\n")
     print(
         f"[{len(res.tokens)} tokens, {len(res.tokens) / wall:.1f} tok/s, tau {res.tau:.2f}, "
-        f"{res.steps} target steps, drafter {args.drafter}, stop: {res.stop_reason}]",
+        f"{res.steps} target steps, {cand.name if cand else 'no drafter'}, "
+        f"stop: {res.stop_reason}]",
         file=sys.stderr,
     )
     return 0
@@ -268,7 +282,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     prompts = load_workload(workload, prompts_file=args.prompts, limit=args.limit)
     if args.json:
         _check_writable(Path(args.json))
-    loaded, engine, factory, spec, peers = _setup(args, hf_peers="hf" in args.peers)
+    loaded, engine, candidates, peers = _setup(args, hf_peers="hf" in args.peers)
     tok = loaded.tokenizer
     encoded = [(p.id, tok.encode_prompt(p.text, chat=p.chat)) for p in prompts]
     console = Console(stderr=True)
@@ -286,15 +300,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             bar.update(task, completed=done, description=f"bench {pid}")
 
         res = run_bench(
-            engine,
-            encoded,
-            factory,
-            spec,
-            cfg,
-            eos_ids=tok.eos_ids,
-            peers=peers,
-            progress=progress,
-            drafter_name=args.drafter,
+            engine, encoded, candidates, cfg, eos_ids=tok.eos_ids, peers=peers, progress=progress
         )
     out = res.to_json()
     out.update(
@@ -320,19 +326,18 @@ def _render_bench(console: Any, res: Any) -> None:
     from rich.table import Table
 
     t = Table(title=f"specpilot bench: {res.n_prompts} prompts x {res.max_new_tokens} tokens")
-    t.add_column("engine")
-    t.add_column("tok/s", justify="right")
-    t.add_column("vs own AR", justify="right")
-    t.add_column("tokens = AR", justify="right")
-    t.add_row("specpilot AR (reference)", f"{res.ar_tok_s:.1f}", "1.00x", "-")
-    if res.drafter != "none":
-        spec = f"{res.spec_tok_s:.1f}" if res.spec_tok_s else "n/a"
-        sp = f"{res.speedup:.2f}x" if res.speedup else "n/a"
+    for col in ("engine", "tok/s", "vs own AR", "tokens = AR", "tau", "nodes/step", "draft ms"):
+        t.add_column(col, justify="left" if col == "engine" else "right")
+    t.add_row("specpilot AR (reference)", f"{res.ar_tok_s:.1f}", "1.00x", "-", "1.00", "0", "-")
+    for c in res.candidates:
         t.add_row(
-            f"specpilot {res.drafter} ({res.tree['kind']})",
-            spec,
-            sp,
-            f"{res.n_prompts - res.mismatches}/{res.n_prompts}",
+            f"specpilot {c.name}",
+            f"{c.spec_tok_s:.1f}" if c.spec_tok_s else "n/a (lossy)",
+            f"{c.speedup:.2f}x" if c.speedup else "n/a",
+            f"{res.n_prompts - c.mismatches}/{res.n_prompts}",
+            f"{c.tau:.2f}",
+            f"{c.mean_draft_nodes:.1f}",
+            f"{c.draft_ms_per_step:.2f}",
         )
     for name, ps in res.peers.items():
         t.add_row(
@@ -340,17 +345,15 @@ def _render_bench(console: Any, res: Any) -> None:
             f"{ps.tok_s:.1f}",
             f"{ps.tok_s / res.ar_tok_s:.2f}x",
             f"{ps.n_identical}/{ps.n_prompts}",
+            "",
+            "",
+            "",
         )
     console.print(t)
-    if res.drafter != "none":
-        depth = " ".join(f"{a:.2f}" for a in res.acceptance_by_depth)
-        console.print(
-            f"tau {res.tau:.2f}  mean nodes/step {res.mean_draft_nodes:.1f}  "
-            f"draft {res.draft_ms_per_step:.2f} ms/step  acceptance by depth: {depth}"
-        )
-    console.print(f"token forcing: {res.forcing.summary()}")
-    if not res.lossless:
-        for d in res.forcing.divergences[:5]:
+    for c in res.candidates:
+        depth = " ".join(f"{a:.2f}" for a in c.acceptance_by_depth)
+        console.print(f"{c.name}: acceptance by depth {depth}; forcing {c.forcing.summary()}")
+        for d in c.forcing.divergences[:5]:
             console.print(f"  {d.describe()}")
 
 
