@@ -48,28 +48,42 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         dtype = x.dtype
+        if dtype == torch.float32:  # one fused op, bitwise equal to the formula below in fp32
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
 
 
 class PackedLinear(nn.Module):
-    """fp32 CPU linear with oneDNN-prepacked weights; row results are batch-invariant."""
+    """fp32 CPU linear with oneDNN-prepacked weights; row results are batch-invariant.
+
+    oneDNN takes a separate one-row path for some shapes (seen for in_features=1536); a probe at
+    construction detects it and such layers pad one-row calls to two rows.
+    """
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 8)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 2)
         self.bias = None if bias is None else bias.detach().contiguous()
+        self.pad_single = False
+        g = torch.Generator().manual_seed(0)
+        for _ in range(2):
+            probe = torch.randn(2, self.in_features, generator=g)
+            if not torch.equal(self._mm(probe)[:1], self._mm(probe[:1])):
+                self.pad_single = True
+
+    def _mm(self, x2: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         m = x2.shape[0]
-        if m == 1:
-            x2 = torch.cat([x2, x2])
-        y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
-        return y[:m].reshape(*lead, self.out_features)
+        if m == 1 and self.pad_single:
+            return self._mm(x2.expand(2, -1))[:1].reshape(*lead, self.out_features)
+        return self._mm(x2).reshape(*lead, self.out_features)
 
 
 class KVCache(nn.Module):
@@ -116,6 +130,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
+        self.qkv: PackedLinear | None = None
         self.cache: KVCache | None = None
         self.exact = False
 
@@ -128,15 +143,23 @@ class Attention(nn.Module):
         kv_len: int,
         mask: Tensor | None,
     ) -> Tensor:
-        # x: (B, T, dim); cos/sin: (B, T, head_dim); mask: (B, T, kv_len) bool or None
+        # x: (B, T, dim); cos/sin: (B, T, 1, head_dim); mask: (B, T, kv_len) bool or None
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim)
+        h, hk, hd = self.n_heads, self.n_kv, self.head_dim
+        if self.qkv is not None:  # fused projection (after prepack)
+            qkv = self.qkv(x)  # (B, T, (H + 2 Hk) hd)
+            qk = qkv[..., : (h + hk) * hd].view(b, t, h + hk, hd)
+            v = qkv[..., (h + hk) * hd :].view(b, t, hk, hd)
+        else:
+            q = self.q_proj(x).view(b, t, h, hd)
+            qk = torch.cat([q, self.k_proj(x).view(b, t, hk, hd)], dim=2)  # (B, T, H + Hk, hd)
+            v = self.v_proj(x).view(b, t, hk, hd)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
-        q, k = apply_rope(q, k, cos.unsqueeze(1), sin.unsqueeze(1))
+            qk = torch.cat([self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])], dim=2)
+        qk = (qk * cos) + (rotate_half(qk) * sin)  # RoPE on q and k at once
+        q = qk[:, :, :h].transpose(1, 2)  # (B, H, T, hd)
+        k = qk[:, :, h:].transpose(1, 2)  # (B, Hk, T, hd)
+        v = v.transpose(1, 2)
         assert self.cache is not None, "call Transformer.setup_cache() first"
         self.cache.write(slots, k, v)
         keys = self.cache.k[:, :, :kv_len]
@@ -157,10 +180,6 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
-
-
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -168,7 +187,13 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.dim, bias=False)
 
+        self.gate_up: PackedLinear | None = None
+
     def forward(self, x: Tensor) -> Tensor:
+        if self.gate_up is not None:  # fused projection (after prepack)
+            gu = self.gate_up(x)
+            i = gu.shape[-1] // 2
+            return self.down_proj(F.silu(gu[..., :i]) * gu[..., i:])
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -259,25 +284,30 @@ class Transformer(nn.Module):
         self.max_len, self.batch = max_len, batch
 
     def prepack(self, linear: str = "onednn") -> None:
-        """Swap projection layers for a faster, batch-invariant CPU backend (fp32 only)."""
+        """Fuse q/k/v and gate/up and prepack all projections for oneDNN (CPU fp32 only).
+
+        One-way: afterwards the module no longer has the per-projection Hugging Face weights.
+        """
         if linear not in LINEAR_KINDS:
             raise ValueError(f"linear must be one of {LINEAR_KINDS}, got {linear!r}")
         if linear == "torch" or self.device.type != "cpu" or self.dtype != torch.float32:
             return
-        if not onednn_available():
+        if not onednn_available() or self._head_plain is not None:
             return
         for layer in self.model.layers:
-            for parent, names in (
-                (layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                (layer.mlp, ("gate_proj", "up_proj", "down_proj")),
-            ):
-                for name in names:
-                    lin = getattr(parent, name)
-                    if isinstance(lin, nn.Linear):
-                        setattr(parent, name, PackedLinear(lin.weight, lin.bias))
-        if isinstance(self.lm_head, nn.Linear):
-            self._head_plain = self.lm_head.weight
-            self.lm_head = PackedLinear(self.lm_head.weight, None)
+            att, mlp = layer.self_attn, layer.mlp
+            w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])
+            bias = None
+            if att.q_proj.bias is not None:
+                bias = torch.cat([att.q_proj.bias, att.k_proj.bias, att.v_proj.bias])
+            att.qkv = PackedLinear(w, bias)
+            att.o_proj = PackedLinear(att.o_proj.weight, None)
+            del att.q_proj, att.k_proj, att.v_proj
+            mlp.gate_up = PackedLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None)
+            mlp.down_proj = PackedLinear(mlp.down_proj.weight, None)
+            del mlp.gate_proj, mlp.up_proj
+        self._head_plain = self.lm_head.weight
+        self.lm_head = PackedLinear(self.lm_head.weight, None)
 
     def head_weight(self) -> Tensor:
         """The plain LM-head matrix ``(vocab, dim)`` (drafters that share it read it here)."""
@@ -306,7 +336,8 @@ class Transformer(nn.Module):
         assert tokens.shape == positions.shape, (tokens.shape, positions.shape)
         assert kv_len <= self.max_len, f"kv_len {kv_len} exceeds cache size {self.max_len}"
         x = self.model.embed_tokens(tokens)  # (B, T, dim)
-        cos, sin = self._cos[positions], self._sin[positions]  # (B, T, head_dim)
+        cos = self._cos[positions].unsqueeze(2)  # (B, T, 1, head_dim)
+        sin = self._sin[positions].unsqueeze(2)
         want = set(hidden_layers)
         hidden: dict[int, Tensor] = {}
         for i, layer in enumerate(self.model.layers):
