@@ -285,7 +285,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     loaded, engine, candidates, peers = _setup(args, hf_peers="hf" in args.peers)
     tok = loaded.tokenizer
     encoded = [(p.id, tok.encode_prompt(p.text, chat=p.chat)) for p in prompts]
-    console = Console(stderr=True)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -328,10 +328,10 @@ def _render_bench(console: Any, res: Any) -> None:
     t = Table(title=f"specpilot bench: {res.n_prompts} prompts x {res.max_new_tokens} tokens")
     for col in ("engine", "tok/s", "vs own AR", "tokens = AR", "tau", "nodes/step", "draft ms"):
         t.add_column(col, justify="left" if col == "engine" else "right")
-    t.add_row("specpilot AR (reference)", f"{res.ar_tok_s:.1f}", "1.00x", "-", "1.00", "0", "-")
+    t.add_row("AR (reference)", f"{res.ar_tok_s:.1f}", "1.00x", "-", "1.00", "0", "-")
     for c in res.candidates:
         t.add_row(
-            f"specpilot {c.name}",
+            c.name,
             f"{c.spec_tok_s:.1f}" if c.spec_tok_s else "n/a (lossy)",
             f"{c.speedup:.2f}x" if c.speedup else "n/a",
             f"{res.n_prompts - c.mismatches}/{res.n_prompts}",
