@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         choices=["hf"],
-        help="also run Hugging Face transformers greedy and prompt lookup",
+        help="also run Hugging Face transformers greedy, prompt lookup, and (with "
+        "--draft-model) assisted generation on the same weights",
     )
     b.add_argument("--json", default=None, help="write results to this JSON file")
     b.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
@@ -187,16 +188,19 @@ def _setup(
     if args.lookup_min_n < 1 or args.lookup_max_n < args.lookup_min_n:
         raise ConfigError("--lookup-min-n must be >= 1 and <= --lookup-max-n")
     loaded = load_model(args.model, device=ecfg.device, dtype=ecfg.torch_dtype)
+    draft = None
+    if "model" in drafters:
+        draft = load_model(args.draft_model, device=ecfg.device, dtype=ecfg.torch_dtype)
     peers: list[Any] = []
     if hf_peers:  # built from the same weights, before the engine prepacks them
         from specpilot.peers.hf import build_hf_model, make_hf_peers
 
         hf = build_hf_model(loaded.cfg, loaded.model.state_dict())
-        peers = list(make_hf_peers(hf, ("greedy", "prompt-lookup")))
+        names = ("greedy", "prompt-lookup", *(("assisted",) if draft else ()))
+        hf_draft = build_hf_model(draft.cfg, draft.model.state_dict()) if draft else None
+        peers = list(make_hf_peers(hf, names, draft=hf_draft))
     engine = Engine(loaded.model, ecfg)
-    draft = None
-    if "model" in drafters:
-        draft = load_model(args.draft_model, device=ecfg.device, dtype=ecfg.torch_dtype)
+    if draft is not None:
         draft.model.prepack(ecfg.linear)
     candidates = []
     for name in drafters:
