@@ -14,7 +14,7 @@ from specpilot.errors import ConfigError, SpecPilotError
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_DRAFTER = "suffix"
-DEFAULT_TREE = "dynamic"
+DEFAULT_TREE = "chain"
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -62,7 +62,7 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
         "--tree",
         action="append",
         choices=["chain", "static", "dynamic"],
-        help="draft tree shape (default: dynamic); bench takes several",
+        help="draft tree shape (default: chain); bench takes several",
     )
     g.add_argument("--k", type=int, default=5, help="chain length for --tree chain")
     g.add_argument(
