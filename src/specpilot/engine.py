@@ -6,7 +6,9 @@ A speculative step reads as four named stages (after EAGLE's decode loop):
   3. accept  - greedy verification picks the accepted path and the bonus token;
   4. commit  - the accepted nodes' cache entries are compacted onto the committed prefix.
 The root (last committed token) is not yet in the cache when a step starts; it is verified with
-the tree, so a step with an empty tree is exactly one autoregressive step.
+the tree, so a step with an empty tree is exactly one autoregressive step. Prefill and the
+drafter's ``propose`` run in the named profiler ranges ``prefill`` and ``drafter`` (no-ops unless
+:func:`specpilot.model.set_kernel_ranges` is on; read by :mod:`specpilot.costmodel`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch import Tensor
 
 from specpilot.drafters.base import DraftContext, Drafter
 from specpilot.errors import ConfigError, ContextLengthError
-from specpilot.model import ATTENTION_KINDS, LINEAR_KINDS, Transformer, causal_mask
+from specpilot.model import ATTENTION_KINDS, LINEAR_KINDS, Transformer, causal_mask, kernel_range
 from specpilot.tree import DraftTree, TreeSpec, tree_mask, verify_greedy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -169,17 +171,18 @@ class Engine:
 
         t0 = time.perf_counter()
         p = len(prompt)
-        ids = torch.tensor([prompt], device=dev)
-        out = self.model(
-            ids,
-            torch.arange(p, device=dev)[None],
-            0,
-            p,
-            causal_mask(0, p, p, dev),
-            logits_rows=slice(p - 1, p),
-            hidden_layers=taps,
-        )
-        first = int(out.logits[0, -1].argmax())
+        with kernel_range("prefill"):
+            ids = torch.tensor([prompt], device=dev)
+            out = self.model(
+                ids,
+                torch.arange(p, device=dev)[None],
+                0,
+                p,
+                causal_mask(0, p, p, dev),
+                logits_rows=slice(p - 1, p),
+                hidden_layers=taps,
+            )
+            first = int(out.logits[0, -1].argmax())
         if gen.record_margins:
             res.margins.append(_margin(out.logits[0, -1]))
         hidden = tuple(h[0] for h in out.hidden)
@@ -195,7 +198,8 @@ class Engine:
             tree = DraftTree.empty()
             if drafter is not None:
                 td = time.perf_counter()
-                tree = drafter.propose(DraftContext(committed, p, spec, hidden))
+                with kernel_range("drafter"):
+                    tree = drafter.propose(DraftContext(committed, p, spec, hidden))
                 res.draft_s += time.perf_counter() - td
                 assert tree.size <= n_nodes, f"drafter returned {tree.size} > {n_nodes} nodes"
             accepted, new, logits, hidden = self._step(committed[-1], cache_len, tree, taps)

@@ -18,20 +18,51 @@ choices make every row independent of its batch on CPU fp32:
 
 GPU paths (bf16/fp16) use the stock kernels; there token forcing still checks every output and
 reports the logit margin where a near-tie flips.
+
+Profiling. With :func:`set_kernel_ranges` on, each kernel class of :data:`KERNEL_CLASSES` runs in
+a ``torch.profiler.record_function`` range of its name (read by :mod:`specpilot.costmodel`); off
+(the default) the ranges are one shared no-op context and nothing else changes.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from specpilot.config import ModelConfig, rope_inv_freq
 
 ATTENTION_KINDS = ("exact", "sdpa")
 LINEAR_KINDS = ("onednn", "torch")
+
+KERNEL_CLASSES = ("qkv", "attention", "o_proj", "gate_up", "down", "lm_head")
+"""Named profiler ranges of one forward (the cost model's kernel classes). ``qkv`` holds the input
+RMSNorm, the q/k/v projection, q/k norms and RoPE; ``attention`` the cache write and SDPA;
+``gate_up`` the post-attention RMSNorm, the gate/up projection and SiLU x up; ``lm_head`` the
+final RMSNorm and the LM head. Residual adds and the embedding gather stay outside (glue)."""
+
+_ranges_on = False
+_NO_RANGE = contextlib.nullcontext()
+
+
+def set_kernel_ranges(on: bool) -> None:
+    """Emit the named ranges (``torch.profiler.record_function``) from now on, or stop."""
+    global _ranges_on
+    _ranges_on = bool(on)
+
+
+def kernel_ranges_enabled() -> bool:
+    return _ranges_on
+
+
+def kernel_range(name: str) -> contextlib.AbstractContextManager[Any]:
+    """A named profiler range when enabled, else a shared no-op context (a few hundred ns)."""
+    return record_function(name) if _ranges_on else _NO_RANGE
 
 
 def onednn_available() -> bool:
@@ -146,33 +177,36 @@ class Attention(nn.Module):
         # x: (B, T, dim); cos/sin: (B, T, 1, head_dim); mask: (B, T, kv_len) bool or None
         b, t, _ = x.shape
         h, hk, hd = self.n_heads, self.n_kv, self.head_dim
-        if self.qkv is not None:  # fused projection (after prepack)
-            qkv = self.qkv(x)  # (B, T, (H + 2 Hk) hd)
-            qk = qkv[..., : (h + hk) * hd].view(b, t, h + hk, hd)
-            v = qkv[..., (h + hk) * hd :].view(b, t, hk, hd)
-        else:
-            q = self.q_proj(x).view(b, t, h, hd)
-            qk = torch.cat([q, self.k_proj(x).view(b, t, hk, hd)], dim=2)  # (B, T, H + Hk, hd)
-            v = self.v_proj(x).view(b, t, hk, hd)
-        if self.q_norm is not None:
-            qk = torch.cat([self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])], dim=2)
-        qk = (qk * cos) + (rotate_half(qk) * sin)  # RoPE on q and k at once
+        with kernel_range("qkv"):
+            if self.qkv is not None:  # fused projection (after prepack)
+                qkv = self.qkv(x)  # (B, T, (H + 2 Hk) hd)
+                qk = qkv[..., : (h + hk) * hd].view(b, t, h + hk, hd)
+                v = qkv[..., (h + hk) * hd :].view(b, t, hk, hd)
+            else:
+                q = self.q_proj(x).view(b, t, h, hd)
+                qk = torch.cat([q, self.k_proj(x).view(b, t, hk, hd)], dim=2)  # (B, T, H + Hk, hd)
+                v = self.v_proj(x).view(b, t, hk, hd)
+            if self.q_norm is not None:
+                qk = torch.cat([self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])], dim=2)
+            qk = (qk * cos) + (rotate_half(qk) * sin)  # RoPE on q and k at once
         q = qk[:, :, :h].transpose(1, 2)  # (B, H, T, hd)
         k = qk[:, :, h:].transpose(1, 2)  # (B, Hk, T, hd)
         v = v.transpose(1, 2)
         assert self.cache is not None, "call Transformer.setup_cache() first"
-        self.cache.write(slots, k, v)
-        keys = self.cache.k[:, :, :kv_len]
-        vals = self.cache.v[:, :, :kv_len]
-        m = None if mask is None else mask.unsqueeze(1)  # (B, 1, T, kv_len)
-        if self.exact:
-            o = F.scaled_dot_product_attention(
-                q.double(), keys, vals, attn_mask=m, enable_gqa=True
-            ).to(x.dtype)
-        else:
-            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=m, enable_gqa=True)
-        o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H*hd)
-        return self.o_proj(o)
+        with kernel_range("attention"):
+            self.cache.write(slots, k, v)
+            keys = self.cache.k[:, :, :kv_len]
+            vals = self.cache.v[:, :, :kv_len]
+            m = None if mask is None else mask.unsqueeze(1)  # (B, 1, T, kv_len)
+            if self.exact:
+                o = F.scaled_dot_product_attention(
+                    q.double(), keys, vals, attn_mask=m, enable_gqa=True
+                ).to(x.dtype)
+            else:
+                o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=m, enable_gqa=True)
+            o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H*hd)
+        with kernel_range("o_proj"):
+            return self.o_proj(o)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -190,11 +224,15 @@ class MLP(nn.Module):
         self.gate_up: PackedLinear | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.gate_up is not None:  # fused projection (after prepack)
-            gu = self.gate_up(x)
-            i = gu.shape[-1] // 2
-            return self.down_proj(F.silu(gu[..., :i]) * gu[..., i:])
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        with kernel_range("gate_up"):
+            if self.gate_up is not None:  # fused projection (after prepack)
+                gu = self.gate_up(x)
+                i = gu.shape[-1] // 2
+                act = F.silu(gu[..., :i]) * gu[..., i:]
+            else:
+                act = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        with kernel_range("down"):
+            return self.down_proj(act)
 
 
 class Block(nn.Module):
@@ -214,8 +252,12 @@ class Block(nn.Module):
         kv_len: int,
         mask: Tensor | None,
     ) -> Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, slots, kv_len, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        with kernel_range("qkv"):
+            a = self.input_layernorm(x)
+        h = x + self.self_attn(a, cos, sin, slots, kv_len, mask)
+        with kernel_range("gate_up"):
+            a = self.post_attention_layernorm(h)
+        return h + self.mlp(a)
 
 
 @dataclass(frozen=True)
@@ -344,13 +386,15 @@ class Transformer(nn.Module):
             if i in want:
                 hidden[i] = x
             x = layer(x, cos, sin, slots, kv_len, mask)
-        x = self.model.norm(x)
+        with kernel_range("lm_head"):
+            x = self.model.norm(x)
         if self.cfg.n_layers in want:
             hidden[self.cfg.n_layers] = x
         logits = None
         if not (isinstance(logits_rows, slice) and logits_rows == slice(0, 0)):
             rows = x if logits_rows is None else x[:, logits_rows]
-            logits = self.lm_head(rows).float()
+            with kernel_range("lm_head"):
+                logits = self.lm_head(rows).float()
         return ForwardOut(logits, tuple(hidden[i] for i in hidden_layers))
 
     def compact_cache(self, src: Tensor, dst: int) -> None:
