@@ -1,0 +1,231 @@
+"""``specpilot profile``: the Phase 0 cost model on the command line (renders; computes nothing).
+
+Wired into :mod:`specpilot.cli` with ``add_parser(sub)`` in ``build_parser`` and
+``run(args)`` in ``main``; also runnable alone: ``python -m specpilot.cli_profile [flags]``.
+Model, drafter and workload flags are the ones ``bench`` takes; ``profile`` takes one drafter
+and one tree shape (the plan to profile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from specpilot.cli import _drafter_args, _model_args, _setup
+from specpilot.errors import ConfigError, SpecPilotError
+
+DESCRIPTION = (
+    "Split the gap to ideal of a plan (drafter + tree) into tau (exact replay vs the optimal "
+    "best-first tree), kernel (profiled time vs roofline floors) and overhead (wall vs kernel "
+    "time) factors; the largest is the next direction."
+)
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    _model_args(p)
+    _drafter_args(p)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--workload", default=None, help="humaneval or chat (default: humaneval)")
+    src.add_argument(
+        "--prompts", default=None, help='JSONL file, one {"id", "prompt", "chat"} object per line'
+    )
+    p.add_argument("--limit", type=int, default=None, help="take the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
+    g = p.add_argument_group("cost model")
+    g.add_argument(
+        "--max-budget", type=int, default=128, help="largest node budget N of the replay grid"
+    )
+    g.add_argument(
+        "--replay-depth", type=int, default=32, help="depth of the replay's wide tree and chain"
+    )
+    g.add_argument("--alpha", type=float, default=0.60, help="share of peak FLOP/s in a floor")
+    g.add_argument("--beta", type=float, default=0.90, help="share of peak bandwidth in a floor")
+    g.add_argument(
+        "--recalibrate", action="store_true", help="re-measure this machine's peaks (CPU)"
+    )
+    p.add_argument("--json", default=None, help="write the report to this JSON file")
+    p.add_argument("--html", default=None, help="write a self-contained HTML page with plots")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``profile`` subcommand to ``build_parser``'s subparsers."""
+    p = subparsers.add_parser(
+        "profile", help="cost model: tau, kernel and overhead factors", description=DESCRIPTION
+    )
+    _add_arguments(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a profile; 0 on success, 1 when the plan's output differs from the reference."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from specpilot.costmodel import ProfileConfig, detect, profile
+    from specpilot.costmodel.html import to_html
+    from specpilot.workloads import load_workload
+
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    if len(set(args.drafter or [])) > 1 or len(set(args.tree or [])) > 1:
+        raise ConfigError("profile takes one --drafter and one --tree (the plan to profile)")
+    cfg = ProfileConfig(
+        max_new_tokens=args.max_new_tokens,
+        stop_on_eos=not args.ignore_eos,
+        max_budget=args.max_budget,
+        replay_depth=args.replay_depth,
+        alpha=args.alpha,
+        beta=args.beta,
+    )
+    for flag, path in (("--json", args.json), ("--html", args.html)):
+        if path and not Path(path).parent.exists():
+            raise ConfigError(f"{flag}: directory {Path(path).parent} does not exist")
+    workload = None if args.prompts else (args.workload or "humaneval")
+    prompts = load_workload(workload, prompts_file=args.prompts, limit=args.limit)
+    loaded, engine, candidates, _ = _setup(args)
+    cand = candidates[0] if candidates else None
+    tok = loaded.tokenizer
+    encoded = [(p.id, tok.encode_prompt(p.text, chat=p.chat)) for p in prompts]
+    hw = detect(engine.model.device, engine.model.dtype, recalibrate=args.recalibrate)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("profile", total=1)
+
+        def progress(phase: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=f"profile: {phase}")
+
+        report = profile(
+            engine,
+            encoded,
+            cand.make_drafter if cand else (lambda: None),
+            cand.spec if cand else None,
+            cfg,
+            eos_ids=tok.eos_ids,
+            hardware=hw,
+            progress=progress,
+        )
+    render(console, report, cand.name if cand else "none (AR)", args.max_new_tokens)
+    meta = {
+        "model": loaded.source,
+        "workload": workload or args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "threads": args.threads,
+        "attention": engine.attention,
+        "linear": args.linear,
+        "device": args.device,
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps({**report.to_json(), **meta}, indent=2) + "\n")
+    if args.html:
+        title = f"specpilot profile: {cand.name if cand else 'AR'} on {meta['workload']}"
+        Path(args.html).write_text(to_html(report, title))
+    return 0 if report.mismatches == 0 else 1
+
+
+def render(console: Any, r: Any, plan: str, max_new_tokens: int) -> None:
+    """Factor, kernel-class and budget tables."""
+    from rich.table import Table
+
+    t = Table(
+        title=f"specpilot profile: {plan}, {r.n_prompts} prompts x {max_new_tokens} tokens; "
+        f"gap {r.gap:.2f}, direction [bold]{r.direction}[/bold]"
+    )
+    for col in ("factor", "value", "what"):
+        t.add_column(col, justify="right" if col == "value" else "left")
+    t.add_row(
+        "tau",
+        f"{r.tau_factor:.3f}",
+        f"tau_opt(N*={r.n_star}) / tau_actual {r.tau_actual:.3f} (raw {r.tau_factor_raw:.3f})",
+    )
+    t.add_row(
+        "kernel",
+        f"{r.kernel_factor:.3f}",
+        f"measured / floor per step (alpha {r.alpha:.2f}, beta {r.beta:.2f})",
+    )
+    t.add_row(
+        "overhead",
+        f"{r.overhead_factor:.3f}",
+        f"wall {r.wall_step_ms:.3f} ms / kernel {r.kernel_step_ms:.3f} ms per step",
+    )
+    t.add_row("gap", f"{r.gap:.3f}", "product")
+    console.print(t)
+
+    k = Table(title=f"kernel classes per decode step ({r.hardware.name}, {r.hardware.source})")
+    for col in ("class", "GFLOP", "MB", "floor ms", "measured ms", "measured/floor"):
+        k.add_column(col, justify="left" if col == "class" else "right")
+    for row in r.kernels:
+        ratio = f"{row.measured_ms / row.floor_ms:.1f}" if row.floor_ms > 0 else "-"
+        k.add_row(
+            row.name,
+            f"{row.flops / 1e9:.4f}",
+            f"{row.bytes / 1e6:.3f}",
+            f"{row.floor_ms:.4f}",
+            f"{row.measured_ms:.4f}",
+            ratio,
+        )
+    console.print(k)
+
+    b = Table(title="exact replay: tau vs node budget N (step = verify at width N+1 + propose)")
+    for col in ("N", "tau_opt", "tau_bf", "verify ms", "draft ms", "oracle tok/s"):
+        b.add_column(col, justify="right")
+    for p in r.budgets:
+        mark = " *" if p.n == r.n_star else ""
+        b.add_row(
+            f"{p.n}{mark}",
+            f"{p.tau_opt:.3f}",
+            f"{p.tau_bf:.3f}",
+            f"{p.verify_ms:.2f}",
+            f"{p.draft_ms:.3f}",
+            f"{p.throughput:.1f}",
+        )
+    console.print(b)
+    changes = sorted({s.direction for s in r.sensitivity})
+    console.print(
+        f"tau_actual {r.tau_actual:.3f}; replay of the plan's own trees {r.tau_replay_plan:.3f}; "
+        f"tau_bf at the plan's budget {r.tau_bf_at_plan:.3f}"
+    )
+    console.print(
+        "direction with alpha/beta +-20%: "
+        + ("stable" if r.direction_stable else f"CHANGES among {', '.join(changes)}")
+    )
+    pr = r.profiler
+    console.print(
+        f"profiler: {pr['events_per_step']:.0f} events/step at {pr['per_event_us']:.2f} us each "
+        f"(profiled wall {pr['profiled_wall_step_ms']:.1f} ms/step; kernel time "
+        f"{pr['raw_kernel_step_ms']:.1f} ms raw -> {r.kernel_step_ms:.1f} ms corrected)"
+    )
+    phases = ", ".join(f"{name} {s:.1f}s" for name, s in r.phases_s.items())
+    console.print(f"profile wall time {r.profile_s:.1f}s ({phases})")
+    if r.mismatches:
+        console.print(
+            f"[red]{r.mismatches} prompt(s) differ from the reference: the plan is lossy[/red]"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point (``python -m specpilot.cli_profile``), same error handling."""
+    p = argparse.ArgumentParser(prog="specpilot profile", description=DESCRIPTION)
+    _add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except SpecPilotError as e:
+        if args.debug:
+            raise
+        print(f"specpilot: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

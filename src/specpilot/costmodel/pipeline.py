@@ -1,0 +1,361 @@
+"""``profile``: one pass that measures everything the three factors need.
+
+Protocol (all on the same prompts, the same engine):
+  0. hardware peaks (table or cached calibration), the profiler's per-event cost, a warm-up;
+  1. per prompt, interleaved so that machine drift hits all three alike: the AR reference, the
+     plan without the profiler (tau_actual, wall time per step, token forcing against the
+     reference), the plan under torch.profiler with the kernel ranges on (kernel time per class;
+     the profiler's own cost per event is the profiled run's extra wall time per step over the
+     plain run's, divided by the events it recorded, see :mod:`.measure`). Each of the two plan
+     runs has its own drafter, fed the prompts in the same order;
+  2. exact replay of a fourth drafter along the references (tau_bf(N), tau_opt(N)), timing its
+     ``propose`` at budget N on a sample of positions;
+  3. the verify step at width N + 1 for every N of the grid, at the mean context length;
+  4. roofline floors from the model config and the measured step shape; factors; sensitivity.
+With no drafter (plain AR) there is nothing to replay: tau is 1, the grid is {0}, N* = 0.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from specpilot.costmodel.hardware import Hardware, detect
+from specpilot.costmodel.measure import ClassTimes, profiled, time_verify
+from specpilot.costmodel.replay import (
+    PromptReplay,
+    ReplaySpecs,
+    budget_grid,
+    replay_prompt,
+    tau_curves,
+    time_proposes,
+)
+from specpilot.costmodel.report import (
+    BudgetPoint,
+    CostReport,
+    direction,
+    kernel_factor,
+    kernel_rows,
+    sensitivity,
+)
+from specpilot.costmodel.roofline import (
+    ALL_CLASSES,
+    ZERO,
+    Dtypes,
+    StepShape,
+    Work,
+    draft_model_work,
+    prefill_work,
+    step_work,
+)
+from specpilot.drafters.base import Drafter
+from specpilot.engine import Engine, GenerationConfig, GenerationResult
+from specpilot.errors import ConfigError
+from specpilot.model import Transformer
+from specpilot.tree import TreeSpec
+
+ProgressFn = Callable[[str, int, int], None]
+"""``progress(phase, done, total)``; phases: "run", "replay", "step cost"."""
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """Knobs of one profile; validated here (the CLI passes flags straight through)."""
+
+    max_new_tokens: int = 128
+    stop_on_eos: bool = True
+    max_budget: int = 128
+    """Largest node budget N of the replay grid (1, 2, 4, 8, 12, 16, 24, ... 128)."""
+    replay_depth: int = 32
+    """Depth of the wide tree and the chain that join the replay's candidate set."""
+    wide_topk: int = 8
+    """Children per node of the wide replay tree."""
+    alpha: float = 0.60
+    """Share of peak FLOP/s a floor assumes."""
+    beta: float = 0.90
+    """Share of peak bandwidth a floor assumes."""
+    sensitivity: float = 0.20
+    """Relative move of alpha and beta in the sensitivity analysis."""
+    verify_repeats: int = 5
+    """Timed repeats (median) of the verify step per budget."""
+    draft_samples: int = 48
+    """Positions at which the drafter's ``propose`` is timed per budget."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "max_budget", "replay_depth", "wide_topk"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("verify_repeats", "draft_samples"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("alpha", "beta"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if not 0.0 <= self.sensitivity < 1.0:
+            raise ConfigError(f"sensitivity must be in [0, 1), got {self.sensitivity}")
+
+
+def profile(
+    engine: Engine,
+    prompts: Sequence[tuple[str, list[int]]],
+    make_drafter: Callable[[], Drafter | None],
+    spec: TreeSpec | None = None,
+    cfg: ProfileConfig | None = None,
+    eos_ids: tuple[int, ...] = (),
+    hardware: Hardware | None = None,
+    progress: ProgressFn | None = None,
+) -> CostReport:
+    """Split the gap to ideal of ``make_drafter()`` with ``spec`` into tau, kernel and overhead
+    factors on ``prompts`` (id, token ids). ``make_drafter`` is called once per run (fresh
+    state); returning None profiles plain AR decoding. ``hardware`` skips detection."""
+    t_start = time.perf_counter()
+    cfg = cfg or ProfileConfig()
+    spec = spec or TreeSpec()
+    if not prompts:
+        raise ConfigError("no prompts to profile")
+    probe = make_drafter()
+    name = probe.name if probe is not None else "none"
+    plan_nodes = spec.max_nodes if probe is not None else 0
+    longest = max(len(ids) for _, ids in prompts)
+    need = longest + cfg.max_new_tokens + max(cfg.max_budget, plan_nodes) + 2
+    if need > engine.context_len:
+        raise ConfigError(
+            f"prompts of up to {longest} tokens + {cfg.max_new_tokens} new tokens + a node budget "
+            f"of {cfg.max_budget} exceed the model context of {engine.context_len}; lower "
+            "--max-new-tokens or --max-budget"
+        )
+    phases: dict[str, float] = {}
+    device = engine.model.device
+
+    t = time.perf_counter()
+    hw = hardware or detect(device, engine.model.dtype)
+    gen = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_on_eos=cfg.stop_on_eos)
+    warm = GenerationConfig(max_new_tokens=min(8, cfg.max_new_tokens), stop_on_eos=False)
+    engine.generate(prompts[0][1], warm, eos_ids=eos_ids)
+    profiled(  # the first profiler session and ranges pay one-time setup costs
+        lambda: engine.generate(
+            prompts[0][1], warm, drafter=make_drafter(), spec=spec, eos_ids=eos_ids
+        ),
+        device,
+    )
+    phases["setup"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    refs, actual, profs, times, mismatches = _runs(
+        engine, prompts, make_drafter, spec, gen, eos_ids, probe is not None, progress
+    )
+    phases["runs"] = time.perf_counter() - t
+    steps = sum(r.steps for r in actual)
+    prof_steps = sum(r.steps for r in profs)
+    if steps == 0 or prof_steps == 0:
+        raise ConfigError("no decode steps: every output ended at its first token")
+    wall_step_s = sum(r.prefill_s + r.decode_s for r in actual) / steps
+    prof_step_s = sum(r.prefill_s + r.decode_s for r in profs) / prof_steps
+    per_event = 0.0
+    if device.type == "cpu" and times.all_events:
+        per_event = max(0.0, prof_step_s - wall_step_s) * prof_steps / times.all_events
+
+    t = time.perf_counter()
+    grid: tuple[int, ...] = (0,)
+    replays: list[PromptReplay] = []
+    draft_s: dict[int, list[float]] = {}
+    if probe is not None:
+        grid = (0, *budget_grid(cfg.max_budget, plan_nodes))
+        replays, draft_s = _replay(prompts, refs, make_drafter, spec, cfg, grid, progress)
+    curves = tau_curves(replays, grid)
+    phases["replay"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    cache_lens = [k for r in actual for k in _cache_lens(r)]
+    ctx = round(statistics.mean(cache_lens))
+    for n in (grid[-1], grid[0]):  # warm-up: the widest call first, then the narrowest
+        time_verify(engine, n, ctx, 1)
+    budgets = []
+    for i, n in enumerate(grid):
+        verify = time_verify(engine, n, ctx, cfg.verify_repeats)
+        ds = draft_s.get(n, [])
+        budgets.append(
+            BudgetPoint(
+                n,
+                curves.tau_opt[i],
+                curves.tau_bf[i],
+                1e3 * verify,
+                1e3 * statistics.mean(ds) if ds else 0.0,
+            )
+        )
+        if progress is not None:
+            progress("step cost", i + 1, len(grid))
+    phases["step_cost"] = time.perf_counter() - t
+    star = max(budgets, key=lambda b: (b.throughput, -b.n))
+
+    work = _work(engine, prompts, actual, steps, times, prof_steps, probe)
+    corrected = times.corrected(per_event)
+    measured = {k: corrected.get(k, 0.0) / prof_steps for k in ALL_CLASSES}
+    rows = kernel_rows(work, measured, hw, cfg.alpha, cfg.beta)
+    kf = kernel_factor(rows)
+    wall_step_ms = 1e3 * wall_step_s
+    kernel_step_ms = sum(r.measured_ms for r in rows)
+    of = wall_step_ms / kernel_step_ms if kernel_step_ms > 0 else float("inf")
+    decode_tokens = sum(len(r.tokens) - 1 for r in actual)
+    tau_actual = decode_tokens / steps
+    tau_engine = sum(sum(r.accept_lengths) + r.steps for r in actual) / steps
+    raw = star.tau_opt / tau_actual
+    tf = max(1.0, raw)
+    factors = {"tau": tf, "kernel": kf, "overhead": of}
+    sens, stable = sensitivity(work, measured, hw, cfg.alpha, cfg.beta, tf, of, cfg.sensitivity)
+    plan_bf = next((b.tau_bf for b in budgets if b.n == plan_nodes), 1.0)
+    raw_ms = 1e3 * sum(times.seconds.get(k, 0.0) for k in ALL_CLASSES) / prof_steps
+    return CostReport(
+        drafter=name,
+        plan=asdict(spec) if probe is not None else {},
+        n_prompts=len(prompts),
+        decode_tokens=decode_tokens,
+        steps=steps,
+        tau_factor=tf,
+        tau_factor_raw=raw,
+        kernel_factor=kf,
+        overhead_factor=of,
+        gap=tf * kf * of,
+        direction=direction(factors),
+        n_star=star.n,
+        tau_actual=tau_actual,
+        tau_actual_engine=tau_engine,
+        tau_bf_at_plan=plan_bf,
+        tau_replay_plan=curves.tau_plan,
+        budgets=tuple(budgets),
+        kernels=rows,
+        wall_step_ms=wall_step_ms,
+        kernel_step_ms=kernel_step_ms,
+        hardware=hw,
+        alpha=cfg.alpha,
+        beta=cfg.beta,
+        sensitivity=sens,
+        direction_stable=stable,
+        mismatches=mismatches,
+        profile_s=time.perf_counter() - t_start,
+        phases_s=phases,
+        profiler={
+            "per_event_us": 1e6 * per_event,
+            "events_per_step": times.all_events / prof_steps,
+            "profiled_wall_step_ms": 1e3 * prof_step_s,
+            "raw_kernel_step_ms": raw_ms,
+            "correction_ms_per_step": raw_ms - kernel_step_ms,
+            "profiled_steps": float(prof_steps),
+        },
+    )
+
+
+def _runs(
+    engine: Engine,
+    prompts: Sequence[tuple[str, list[int]]],
+    make_drafter: Callable[[], Drafter | None],
+    spec: TreeSpec,
+    gen: GenerationConfig,
+    eos_ids: tuple[int, ...],
+    speculative: bool,
+    progress: ProgressFn | None,
+) -> tuple[list[GenerationResult], list[GenerationResult], list[GenerationResult], ClassTimes, int]:
+    """Step 1: reference, plain run and profiled run per prompt (see the module docstring).
+    Returns (references, plain runs, profiled runs, class times, prompts that diverged)."""
+    d_plain, d_prof = make_drafter(), make_drafter()
+    refs: list[GenerationResult] = []
+    plain: list[GenerationResult] = []
+    profs: list[GenerationResult] = []
+    times = ClassTimes()
+    mismatches = 0
+    for i, (_, ids) in enumerate(prompts):
+        ref = engine.generate(ids, gen, eos_ids=eos_ids)
+        run = ref
+        if speculative:
+            run = engine.generate(ids, gen, drafter=d_plain, spec=spec, eos_ids=eos_ids)
+        prof, ct = profiled(
+            lambda ids=ids: engine.generate(ids, gen, drafter=d_prof, spec=spec, eos_ids=eos_ids),
+            engine.model.device,
+        )
+        refs.append(ref)
+        plain.append(run)
+        profs.append(prof)
+        times.add(ct)
+        mismatches += int(run.tokens != ref.tokens or prof.tokens != ref.tokens)
+        if progress is not None:
+            progress("run", i + 1, len(prompts))
+    return refs, plain, profs, times, mismatches
+
+
+def _replay(
+    prompts: Sequence[tuple[str, list[int]]],
+    refs: list[GenerationResult],
+    make_drafter: Callable[[], Drafter | None],
+    spec: TreeSpec,
+    cfg: ProfileConfig,
+    grid: tuple[int, ...],
+    progress: ProgressFn | None,
+) -> tuple[list[PromptReplay], dict[int, list[float]]]:
+    """Step 2: exact replay of a fresh drafter; propose times per budget on sampled positions."""
+    drafter = make_drafter()
+    assert drafter is not None
+    specs = ReplaySpecs.for_plan(spec, cfg.max_budget, cfg.replay_depth, cfg.wide_topk)
+    bf = specs.best_first
+    timed = {n: TreeSpec(kind="dynamic", budget=n, topk=bf.topk, depth=bf.depth) for n in grid if n}
+    positions = sum(max(0, len(r.tokens) - 1) for r in refs)
+    stride = max(1, positions // cfg.draft_samples)
+    draft_s: dict[int, list[float]] = {n: [] for n in timed}
+    seen = 0
+    replays = []
+    for i, ((_, ids), ref) in enumerate(zip(prompts, refs, strict=True)):
+
+        def timer(c: int, tokens: list[int], p: int = len(ids)) -> None:
+            nonlocal seen
+            if seen % stride == 0:
+                for n, s in time_proposes(drafter, tokens, p, timed).items():
+                    draft_s[n].append(s)
+            seen += 1
+
+        replays.append(replay_prompt(drafter, ids, ref.tokens, specs, grid, timer))
+        if progress is not None:
+            progress("replay", i + 1, len(prompts))
+    return replays, draft_s
+
+
+def _cache_lens(res: GenerationResult) -> list[int]:
+    """Cached keys (committed prefix, root excluded) at the start of every decode step."""
+    out, c = [], res.prompt_len
+    for a in res.accept_lengths:
+        out.append(c)
+        c += a + 1
+    return out
+
+
+def _work(
+    engine: Engine,
+    prompts: Sequence[tuple[str, list[int]]],
+    actual: list[GenerationResult],
+    steps: int,
+    times: ClassTimes,
+    prof_steps: int,
+    drafter: Drafter | None,
+) -> dict[str, Work]:
+    """Roofline work per decode step of every class, in :data:`ALL_CLASSES` order."""
+    model = engine.model
+    size = model.dtype.itemsize
+    dt = Dtypes(weight=size, act=size, cache=8 if engine.attention == "exact" else size)
+    rows, keys, row_keys = [], [], []
+    for r in actual:
+        for n, k in zip(r.draft_nodes, _cache_lens(r), strict=True):
+            rows.append(n + 1)
+            keys.append(k)
+            row_keys.append((n + 1) * (k + n + 1))
+    shape = StepShape(statistics.mean(rows), statistics.mean(row_keys), statistics.mean(keys))
+    work = step_work(model.cfg, shape, dt)
+    draft = ZERO
+    draft_model = getattr(drafter, "model", None)
+    if isinstance(draft_model, Transformer):
+        fwd = times.draft_o_proj / draft_model.cfg.n_layers / prof_steps
+        draft = draft_model_work(draft_model.cfg.n_params, fwd, draft_model.dtype.itemsize)
+    work["drafter"] = draft
+    work["prefill"] = prefill_work(model.cfg, [len(ids) for _, ids in prompts], dt).scaled(
+        1.0 / steps
+    )
+    return {k: work.get(k, ZERO) for k in ALL_CLASSES}

@@ -1,0 +1,177 @@
+"""Analytic roofline: FLOPs and bytes per decode step for each kernel class, and their floors.
+
+A kernel class cannot run faster than its *floor* (Williams et al. 2009, "Roofline"; the SpecPilot
+paper's Phase 0)::
+
+    floor = max(FLOPs / (alpha * peak FLOP/s), bytes / (beta * peak bandwidth))
+
+with alpha = 0.60 and beta = 0.90 by default (the share of the datasheet peak a good kernel
+reaches). Counts are per decode step of the current plan, for a Llama-family block (nanoGPT's
+``estimate_mfu`` and the "Transformer Inference Arithmetic" conventions: a multiply-add is 2
+FLOPs; an ideal kernel moves each weight, input and output once).
+
+Symbols: R rows per step (draft nodes + 1); RK = rows x keys of the call, R (K + R), the score
+entries a masked attention kernel computes; K keys already in the cache (the committed prefix);
+L layers, D hidden size, H / Hk query / key-value heads, hd head dim, I intermediate size, V
+vocabulary; w / a bytes per weight / activation element; c bytes per cached K or V element (8
+for ``exact`` attention, which keeps an fp64 cache). Per layer (x L), except the LM head:
+
+  qkv        FLOPs 2 R D (H+2Hk) hd + 4 R D (RMSNorm) + 3 R (H+Hk) hd (RoPE)
+                   [+ 4 R (H+Hk) hd q/k norm] [+ R (H+2Hk) hd bias]
+             bytes w (D (H+2Hk) hd + D) + a R (D + (H+2Hk) hd) + a 2 R hd (RoPE tables)
+  attention  FLOPs 4 H hd RK (QK^T and PV; softmax not counted, the usual convention)
+             bytes c Hk hd 2 (K + R) (read the cache, write the new rows) + a 2 R H hd
+  o_proj     FLOPs 2 R H hd D;  bytes w H hd D + a R (H hd + D)
+  gate_up    FLOPs 2 R D 2I + 4 R D (RMSNorm) + 5 R I (SiLU(g) * u: exp, add, div, 2 mul)
+             bytes w (2 I D + D) + a R (D + I)
+  down       FLOPs 2 R I D;  bytes w I D + a R (I + D)
+  lm_head    FLOPs 2 R D V + 4 R D (final RMSNorm)   (once, not per layer)
+             bytes w (V D + D) + a R D + 4 R V (fp32 logits)
+  recurrent  0 (linear-attention / recurrent layers; none in a Llama-family model)
+
+``prefill`` is its own class: the same formulas with R = P prompt rows, RK = P (P + 1) / 2
+causal pairs, K = 0 (nothing cached before), one LM-head row; per prompt, summed over the prompts
+and *amortized per decode step* (divided by the number of decode steps) so that it sits in the
+same per-step table. ``drafter``: training-free drafters (lookup, suffix) get a floor of 0 (their
+useful arithmetic is negligible); a drafter that runs a specpilot draft model gets a bytes floor
+of one read of its weights per draft forward. Attention FLOPs of ``exact`` attention are fp64 and
+are held against the device's fp64 peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specpilot.config import ModelConfig
+
+NORM_FLOPS = 4
+"""FLOPs per element of an RMSNorm (square, sum, scale by rsqrt, multiply by the weight)."""
+ROPE_FLOPS = 3
+"""FLOPs per element of RoPE (x cos + rotate(x) sin)."""
+ACT_FLOPS = 5
+"""FLOPs per element of SiLU(gate) * up (exp, add, divide, multiply, multiply)."""
+LOGIT_BYTES = 4
+"""Logits are returned in fp32."""
+
+STEP_CLASSES = ("qkv", "attention", "o_proj", "gate_up", "down", "lm_head", "recurrent")
+ALL_CLASSES = (*STEP_CLASSES, "drafter", "prefill")
+
+
+@dataclass(frozen=True)
+class Work:
+    """Arithmetic and memory traffic of one kernel class (per decode step unless stated)."""
+
+    flops: float
+    bytes: float
+    fp64_flops: float = 0.0
+    """Part of ``flops`` done in fp64 (held against the fp64 peak)."""
+
+    def __add__(self, other: Work) -> Work:
+        return Work(
+            self.flops + other.flops, self.bytes + other.bytes, self.fp64_flops + other.fp64_flops
+        )
+
+    def scaled(self, k: float) -> Work:
+        return Work(self.flops * k, self.bytes * k, self.fp64_flops * k)
+
+
+ZERO = Work(0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one decode step processes, averaged over the measured steps."""
+
+    rows: float
+    """R: mean rows per target forward (draft nodes + the root)."""
+    row_keys: float
+    """RK: mean over steps of rows x keys of the call, R (K + R)."""
+    keys: float
+    """K: mean number of cached keys read per step (the committed prefix)."""
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    weight: int = 4
+    """Bytes per weight element."""
+    act: int = 4
+    """Bytes per activation element."""
+    cache: int = 4
+    """Bytes per cached K/V element (8 for ``exact`` attention)."""
+
+    @property
+    def fp64_attention(self) -> bool:
+        return self.cache == 8
+
+
+def layer_work(cfg: ModelConfig, shape: StepShape, dt: Dtypes) -> dict[str, Work]:
+    """Per-class work of ONE forward over ``shape`` (all layers; LM head on every row)."""
+    r, rk, k = shape.rows, shape.row_keys, shape.keys
+    d, hd, h, hk = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    i, v, n = cfg.intermediate_size, cfg.vocab_size, cfg.n_layers
+    w, a, c = dt.weight, dt.act, dt.cache
+    qkv_out = (h + 2 * hk) * hd
+    qkv_f = 2 * r * d * qkv_out + NORM_FLOPS * r * d + ROPE_FLOPS * r * (h + hk) * hd
+    qkv_b = w * (d * qkv_out + d) + a * r * (d + qkv_out) + a * 2 * r * hd
+    if cfg.qk_norm:
+        qkv_f += NORM_FLOPS * r * (h + hk) * hd
+        qkv_b += w * 2 * hd
+    if cfg.qkv_bias:
+        qkv_f += r * qkv_out
+        qkv_b += w * qkv_out
+    att_f = 4 * h * hd * rk
+    att_b = c * hk * hd * 2 * (k + r) + a * 2 * r * h * hd
+    out = {
+        "qkv": Work(qkv_f, qkv_b),
+        "attention": Work(att_f, att_b, att_f if dt.fp64_attention else 0.0),
+        "o_proj": Work(2 * r * h * hd * d, w * h * hd * d + a * r * (h * hd + d)),
+        "gate_up": Work(
+            2 * r * d * 2 * i + NORM_FLOPS * r * d + ACT_FLOPS * r * i,
+            w * (2 * i * d + d) + a * r * (d + i),
+        ),
+        "down": Work(2 * r * i * d, w * i * d + a * r * (i + d)),
+    }
+    out = {name: wk.scaled(n) for name, wk in out.items()}
+    out["lm_head"] = Work(
+        2 * r * d * v + NORM_FLOPS * r * d, w * (v * d + d) + a * r * d + LOGIT_BYTES * r * v
+    )
+    out["recurrent"] = ZERO
+    return out
+
+
+def step_work(cfg: ModelConfig, shape: StepShape, dt: Dtypes) -> dict[str, Work]:
+    """Per-class work of one decode step (the classes of :data:`STEP_CLASSES`)."""
+    return layer_work(cfg, shape, dt)
+
+
+def prefill_work(cfg: ModelConfig, prompt_lens: list[int], dt: Dtypes) -> Work:
+    """Total work of prefilling every prompt (causal pairs only, one LM-head row each)."""
+    total = ZERO
+    for p in prompt_lens:
+        body = layer_work(cfg, StepShape(rows=p, row_keys=p * (p + 1) / 2, keys=0), dt)
+        head = layer_work(cfg, StepShape(rows=1, row_keys=1, keys=0), dt)["lm_head"]
+        for name, wk in body.items():
+            total = total + (head if name == "lm_head" else wk)
+    return total
+
+
+def draft_model_work(params: int, forwards_per_step: float, weight_bytes: int) -> Work:
+    """Bytes floor of a draft model: its weights read once per draft forward."""
+    return Work(0.0, float(params) * weight_bytes * forwards_per_step)
+
+
+def floor_s(
+    work: Work,
+    peak_flops: float,
+    peak_bw: float,
+    alpha: float,
+    beta: float,
+    peak_flops_fp64: float | None = None,
+) -> float:
+    """Roofline floor in seconds: max(compute time, memory time) at the derated peaks."""
+    f64 = peak_flops_fp64 if peak_flops_fp64 else peak_flops
+    compute = (work.flops - work.fp64_flops) / (alpha * peak_flops) + work.fp64_flops / (
+        alpha * f64
+    )
+    memory = work.bytes / (beta * peak_bw)
+    return max(compute, memory)

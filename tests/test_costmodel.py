@@ -1,0 +1,404 @@
+"""Cost model: roofline counts by hand, hardware table and calibration cache, factors, direction,
+sensitivity; ``profile`` end to end on a tiny model, with sleeps injected inside and outside the
+profiled ranges; the ``profile`` CLI writes JSON and HTML."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import specpilot.engine as engine_mod
+import specpilot.model as model_mod
+from specpilot import cli_profile
+from specpilot.costmodel import CostReport, Hardware, ProfileConfig, profile
+from specpilot.costmodel import hardware as hw_mod
+from specpilot.costmodel.html import to_html
+from specpilot.costmodel.measure import collect
+from specpilot.costmodel.report import direction, kernel_factor, kernel_rows, sensitivity
+from specpilot.costmodel.roofline import Dtypes, StepShape, Work, floor_s, prefill_work, step_work
+from specpilot.drafters import make_drafter
+from specpilot.engine import Engine, EngineConfig
+from specpilot.tree import TreeSpec
+
+from .conftest import tiny_config, tiny_model
+from .test_loading import make_model, save_dir
+
+HW = Hardware("test machine", 1e11, 4e10, 5e10, "test")
+
+# -- roofline by hand ---------------------------------------------------------------------------
+
+
+def test_step_work_by_hand() -> None:
+    """tiny config: D=48, L=2, H=4, Hk=2, hd=12, I=96, V=64; R=3 rows, K=10 cached keys."""
+    cfg = tiny_config()
+    shape = StepShape(rows=3, row_keys=3 * 13, keys=10)
+    w = step_work(cfg, shape, Dtypes(weight=4, act=4, cache=8))
+    # qkv per layer: 2*3*48*96 + 4*3*48 (norm) + 3*3*6*12 (RoPE) = 27648 + 576 + 648 = 28872
+    #          bytes: 4*(48*96 + 48) + 4*3*(48 + 96) + 4*2*3*12 = 18624 + 1728 + 288 = 20640
+    assert (w["qkv"].flops, w["qkv"].bytes) == (2 * 28872, 2 * 20640)
+    # attention: 4*4*12*39 = 7488 (fp64); bytes 8*2*12*2*13 + 4*2*3*4*12 = 4992 + 1152 = 6144
+    assert (w["attention"].flops, w["attention"].bytes) == (2 * 7488, 2 * 6144)
+    assert w["attention"].fp64_flops == 2 * 7488
+    # o_proj: 2*3*48*48 = 13824; bytes 4*48*48 + 4*3*96 = 9216 + 1152 = 10368
+    assert (w["o_proj"].flops, w["o_proj"].bytes) == (2 * 13824, 2 * 10368)
+    # gate_up: 2*3*48*192 + 4*3*48 + 5*3*96 = 55296 + 576 + 1440 = 57312
+    #   bytes: 4*(2*96*48 + 48) + 4*3*(48 + 96) = 37056 + 1728 = 38784
+    assert (w["gate_up"].flops, w["gate_up"].bytes) == (2 * 57312, 2 * 38784)
+    # down: 2*3*96*48 = 27648; bytes 4*96*48 + 4*3*144 = 18432 + 1728 = 20160
+    assert (w["down"].flops, w["down"].bytes) == (2 * 27648, 2 * 20160)
+    # lm_head (once): 2*3*48*64 + 4*3*48 = 18432 + 576 = 19008
+    #   bytes: 4*(64*48 + 48) + 4*3*48 + 4*3*64 = 12480 + 576 + 768 = 13824
+    assert (w["lm_head"].flops, w["lm_head"].bytes) == (19008, 13824)
+    assert w["recurrent"] == Work(0.0, 0.0)
+    # sdpa attention keeps the cache in the model dtype: no fp64 FLOPs, 4-byte K/V
+    w4 = step_work(cfg, shape, Dtypes(4, 4, 4))
+    assert w4["attention"].fp64_flops == 0 and w4["attention"].bytes == 2 * (2496 + 1152)
+
+
+def test_arch_variants_by_hand() -> None:
+    shape = StepShape(rows=1, row_keys=5, keys=4)
+    dt = Dtypes(4, 4, 4)
+    base = step_work(tiny_config(), shape, dt)["qkv"]
+    qwen2 = step_work(tiny_config("qwen2"), shape, dt)["qkv"]  # q/k/v bias: +96 FLOPs, +96 w
+    assert qwen2.flops - base.flops == 2 * 96 and qwen2.bytes - base.bytes == 2 * 4 * 96
+    qwen3 = step_work(tiny_config("qwen3"), shape, dt)["qkv"]  # q/k norm: 4*6*12, weights 2*12
+    assert qwen3.flops - base.flops == 2 * 4 * 72 and qwen3.bytes - base.bytes == 2 * 4 * 24
+
+
+def test_prefill_work_by_hand() -> None:
+    # P=5: qkv 2*(2*5*48*96 + 4*5*48 + 3*5*6*12) = 96240; attention 2*4*4*12*15 = 5760 (causal);
+    # o_proj 2*2*5*48*48 = 46080; gate_up 2*(2*5*48*192 + 4*5*48 + 5*5*96) = 191040;
+    # down 2*2*5*96*48 = 92160; lm_head one row 2*48*64 + 4*48 = 6336
+    w = prefill_work(tiny_config(), [5], Dtypes(4, 4, 4))
+    assert w.flops == 96240 + 5760 + 46080 + 191040 + 92160 + 6336
+    two = prefill_work(tiny_config(), [5, 5], Dtypes(4, 4, 4))
+    assert two.flops == 2 * w.flops and two.bytes == 2 * w.bytes
+
+
+def test_floor() -> None:
+    # compute-bound: 6e9 FLOPs at 0.6 x 1e11 = 0.1 s; 1e6 bytes at 0.9 x 4e10 = 27.8 us
+    assert floor_s(Work(6e9, 1e6), 1e11, 4e10, 0.6, 0.9) == pytest.approx(0.1)
+    # memory-bound: 3.6e9 bytes at 0.9 x 4e10 = 0.1 s
+    assert floor_s(Work(1e3, 3.6e9), 1e11, 4e10, 0.6, 0.9) == pytest.approx(0.1)
+    # fp64 FLOPs against the fp64 peak (half here)
+    assert floor_s(Work(6e9, 0, 6e9), 1e11, 4e10, 0.6, 0.9, 5e10) == pytest.approx(0.2)
+
+
+# -- hardware -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("device_name", "entry"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
+        ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
+        ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA B200", "B200"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("Tesla T4", None),
+    ],
+)
+def test_gpu_table(device_name: str, entry: str | None) -> None:
+    e = hw_mod.match_gpu(device_name)
+    assert (e.name if e else None) == entry
+    if e is not None:
+        assert 1e14 < e.bf16 < 5e15 and 5e11 < e.bw < 1e13 and e.cite
+
+
+def test_cpu_calibration_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def fake(device: torch.device, dtype: torch.dtype, repeats: int = 3) -> dict[str, float]:
+        calls.append(dtype)
+        return {"peak_flops": 1e11, "peak_flops_fp64": 5e10, "peak_bw": 4e10}
+
+    monkeypatch.setattr(hw_mod, "calibrate", fake)
+    a = hw_mod.detect("cpu", torch.float32, cache_dir=tmp_path)
+    b = hw_mod.detect("cpu", torch.float32, cache_dir=tmp_path)
+    assert len(calls) == 1 and a.source == "calibrated" and b.source == "calibrated (cached)"
+    assert (b.peak_flops, b.peak_bw, b.peak_flops_fp64) == (1e11, 4e10, 5e10)
+    key = next(iter(json.loads((tmp_path / "hardware.json").read_text())))
+    assert f"threads={torch.get_num_threads()}" in key and torch.__version__ in key
+    hw_mod.detect("cpu", torch.float32, cache_dir=tmp_path, recalibrate=True)
+    assert len(calls) == 2
+
+
+def test_calibration_measures_something() -> None:
+    m = hw_mod.calibrate(torch.device("cpu"), torch.float32, repeats=1)
+    assert m["peak_flops"] > 1e8 and m["peak_bw"] > 1e8 and m["peak_flops_fp64"] > 1e7
+
+
+# -- factors ------------------------------------------------------------------------------------
+
+
+def test_direction_is_the_argmax() -> None:
+    assert direction({"tau": 1.5, "kernel": 3.0, "overhead": 1.1}) == "kernel"
+    assert direction({"tau": 2.0, "kernel": 1.0, "overhead": 1.9}) == "tau"
+    assert direction({"tau": 1.0, "kernel": 1.2, "overhead": 4.0}) == "overhead"
+    assert direction({"tau": 2.0, "kernel": 2.0, "overhead": 2.0}) == "tau"  # ties: first
+
+
+def test_sensitivity_flags_close_factors() -> None:
+    work = {"down": Work(1e3, 3.6e8)}  # memory-bound: floor = 3.6e8 / (0.9 * 4e10) = 10 ms
+    close = {"down": 0.021}  # kernel factor 2.1, tau factor 2.0
+    rows = kernel_rows(work, close, HW, 0.6, 0.9)
+    assert kernel_factor(rows) == pytest.approx(2.1)
+    points, stable = sensitivity(work, close, HW, 0.6, 0.9, tau_f=2.0, overhead_f=1.0)
+    assert len(points) == 9 and not stable
+    assert {p.direction for p in points} == {"tau", "kernel"}
+    low_beta = next(p for p in points if p.alpha == 0.6 and p.beta == pytest.approx(0.72))
+    assert low_beta.kernel_factor == pytest.approx(2.1 * 0.8) and low_beta.direction == "tau"
+    far = {"down": 0.05}  # kernel factor 5: stays the direction under +-20%
+    _, stable = sensitivity(work, far, HW, 0.6, 0.9, tau_f=2.0, overhead_f=1.0)
+    assert stable
+
+
+# -- profile end to end -------------------------------------------------------------------------
+
+PROMPTS = [("a", [3, 4, 5, 3, 4, 5, 3, 4]), ("b", [10, 20, 30, 10, 20, 30, 10])]
+
+
+def _profile(drafter: str = "none", tokens: int = 24, **kw: Any) -> CostReport:
+    eng = Engine(tiny_model("llama", seed=1), EngineConfig(attention="exact"))
+    make = (lambda: None) if drafter == "none" else (lambda: make_drafter(drafter))
+    cfg = ProfileConfig(max_new_tokens=tokens, max_budget=16, verify_repeats=2, draft_samples=8)
+    return profile(eng, PROMPTS, make, TreeSpec(budget=8), cfg, hardware=HW, **kw)
+
+
+def _check_report(r: CostReport) -> None:
+    assert r.direction == direction(r.factors)
+    assert r.gap == pytest.approx(r.tau_factor * r.kernel_factor * r.overhead_factor)
+    assert r.tau_factor >= 1.0 and r.kernel_factor > 1.0 and r.overhead_factor > 0.5
+    assert [k.name for k in r.kernels] == [
+        "qkv",
+        "attention",
+        "o_proj",
+        "gate_up",
+        "down",
+        "lm_head",
+        "recurrent",
+        "drafter",
+        "prefill",
+    ]
+    assert all(k.measured_ms > 0 for k in r.kernels if k.name not in ("recurrent", "drafter"))
+    assert r.kernel_step_ms == pytest.approx(sum(k.measured_ms for k in r.kernels))
+    assert len(r.sensitivity) == 9 and r.mismatches == 0
+    assert r.n_star in [b.n for b in r.budgets]
+
+
+def test_profile_ar() -> None:
+    r = _profile("none")
+    _check_report(r)
+    assert [(b.n, b.tau_opt, b.tau_bf) for b in r.budgets] == [(0, 1.0, 1.0)]
+    assert r.tau_factor == r.tau_actual == r.tau_replay_plan == 1.0
+    assert r.n_star == 0 and r.drafter == "none"
+    assert r.steps == 2 * 23  # one decode step per token after the prefill one
+
+
+def test_profile_lookup() -> None:
+    r = _profile("lookup")
+    _check_report(r)
+    assert r.tau_actual > 1.0 and r.drafter == "lookup"
+    assert r.tau_bf_at_plan == pytest.approx(r.tau_actual)  # replay reproduces the engine
+    assert r.tau_replay_plan == pytest.approx(r.tau_actual)
+    opt = {b.n: b.tau_opt for b in r.budgets}
+    assert opt[8] >= r.tau_actual and all(b.tau_bf <= b.tau_opt for b in r.budgets)
+    assert next(k for k in r.kernels if k.name == "drafter").measured_ms > 0
+    d = r.to_json()
+    for key in ("tau_factor", "kernel_factor", "overhead_factor", "gap", "direction", "n_star"):
+        assert key in d
+    assert d["tau_opt"][0] == {"n": 0, "tau": 1.0} and len(d["tau_opt"]) == len(r.budgets)
+    assert set(d["kernels"][0]) == {"name", "flops", "bytes", "floor_ms", "measured_ms"}
+    json.dumps(d)
+    page = to_html(r)
+    assert page.count("<svg") == 2
+
+
+SLEEP = 0.002
+
+
+def _sleepy_range(name: str, real: Any) -> Any:
+    @contextmanager
+    def ctx(n: str) -> Any:
+        with real(n):
+            if n == name:
+                time.sleep(SLEEP)
+            yield
+
+    return ctx
+
+
+def test_sleep_in_a_range_raises_that_class_and_the_kernel_factor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    base = _profile("none", tokens=16)
+    monkeypatch.setattr(model_mod, "kernel_range", _sleepy_range("down", model_mod.kernel_range))
+    slow = _profile("none", tokens=16)
+    down = {r.name: r for r in base.kernels}["down"]
+    down2 = {r.name: r for r in slow.kernels}["down"]
+    added = 2 * SLEEP * 1e3  # one sleep per layer, two layers, one forward per step
+    assert added * 0.95 < down2.measured_ms - down.measured_ms < added * 1.5
+    floors = sum(k.floor_ms for k in base.kernels)
+    predicted = base.kernel_factor + added / floors
+    assert slow.kernel_factor == pytest.approx(predicted, rel=0.3)
+    assert slow.direction == "kernel"
+    assert slow.overhead_factor < base.overhead_factor + 0.1  # wall and kernel time grew alike
+
+
+def test_sleep_outside_the_ranges_raises_the_overhead_factor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    base = _profile("none", tokens=16)
+    real = engine_mod.verify_greedy
+
+    def slow_verify(*a: Any) -> Any:
+        time.sleep(SLEEP)
+        return real(*a)
+
+    monkeypatch.setattr(engine_mod, "verify_greedy", slow_verify)
+    slow = _profile("none", tokens=16)
+    predicted = (base.wall_step_ms + SLEEP * 1e3) / base.kernel_step_ms
+    assert slow.overhead_factor == pytest.approx(predicted, rel=0.3)
+    assert slow.overhead_factor - base.overhead_factor > 0.5 * (predicted - base.overhead_factor)
+    assert slow.kernel_factor == pytest.approx(base.kernel_factor, rel=0.3)
+
+
+class _Ev:
+    """Stands in for a Kineto event (the methods :func:`collect` reads)."""
+
+    def __init__(self, name: str, start: int, end: int, annotation: bool = False) -> None:
+        self._n, self._s, self._e, self._a = name, start, end, annotation
+
+    def name(self) -> str:
+        return self._n
+
+    def start_ns(self) -> int:
+        return self._s
+
+    def end_ns(self) -> int:
+        return self._e
+
+    def is_user_annotation(self) -> bool:
+        return self._a
+
+    def device_type(self) -> Any:
+        return torch.autograd.DeviceType.CPU
+
+
+def test_collect_attributes_nested_ranges_to_prefill_and_drafter() -> None:
+    us = 1000  # ns
+    events = [
+        _Ev("prefill", 0, 100 * us, True),
+        _Ev("qkv", 10 * us, 20 * us, True),  # inside prefill: prefill's time
+        _Ev("aten::mm", 11 * us, 19 * us),
+        _Ev("drafter", 200 * us, 230 * us, True),
+        _Ev("o_proj", 205 * us, 210 * us, True),  # a draft model's layer: drafter's time
+        _Ev("qkv", 300 * us, 340 * us, True),
+        _Ev("aten::mm", 301 * us, 339 * us),
+        _Ev("down", 400 * us, 410 * us, True),
+    ]
+    ct = collect(events, cuda=False)
+    assert ct.all_events == len(events) and ct.draft_o_proj == 1
+    assert ct.seconds == pytest.approx(
+        {"prefill": 100e-6, "drafter": 30e-6, "qkv": 40e-6, "down": 10e-6}
+    )  # nested qkv and o_proj belong to prefill and drafter; only the top-level qkv counts
+    assert ct.events == {"prefill": 3, "drafter": 2, "qkv": 2, "down": 1}
+    # 1 us per recorded event inside each class comes off
+    assert ct.corrected(1e-6) == pytest.approx(
+        {"prefill": 97e-6, "drafter": 28e-6, "qkv": 38e-6, "down": 9e-6}
+    )
+
+
+def test_ranges_are_off_by_default() -> None:
+    assert not model_mod.kernel_ranges_enabled()
+    assert model_mod.kernel_range("qkv") is model_mod.kernel_range("down")  # the shared no-op
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    cli_profile.add_parser(p.add_subparsers(dest="cmd"))
+    return p.parse_args(["profile", *argv])
+
+
+def test_cli_writes_json_and_html(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        hw_mod,
+        "calibrate",
+        lambda *a, **k: {
+            "peak_flops": 1e11,
+            "peak_flops_fp64": 5e10,
+            "peak_bw": 4e10,
+        },
+    )
+    monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path / "cache"))
+    model = save_dir(tmp_path / "tiny", make_model("llama-tied", seed=2))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "a", "prompt": "def f(x): return x + x + x + x"})
+        + "\n"
+        + json.dumps({"id": "b", "prompt": "hello hello hello world hello"})
+        + "\n"
+    )
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    args = _parse(
+        [
+            "--model",
+            str(model),
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "16",
+            "--drafter",
+            "lookup",
+            "--max-budget",
+            "8",
+            "--json",
+            str(out),
+            "--html",
+            str(page),
+        ]
+    )
+    assert cli_profile.run(args) == 0
+    d = json.loads(out.read_text())
+    for key in (
+        "tau_factor",
+        "kernel_factor",
+        "overhead_factor",
+        "gap",
+        "direction",
+        "n_star",
+        "tau_opt",
+        "kernels",
+        "tau_bf",
+        "tau_actual",
+        "sensitivity",
+        "profile_s",
+    ):
+        assert key in d, key
+    assert d["direction"] in ("tau", "kernel", "overhead") and d["drafter"] == "lookup"
+    assert d["hardware"]["source"] == "calibrated"
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and html.count("<svg") == 2
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli_profile.main(["--model", str(tmp_path / "missing"), "--limit", "1"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specpilot: error:")
+    rc = cli_profile.main(["--drafter", "lookup", "--drafter", "suffix"])
+    assert rc == 2 and "one --drafter" in capsys.readouterr().err
