@@ -80,7 +80,7 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="specpilot",
-        description="Lossless speculative decoding: generate, benchmark and (soon) tune.",
+        description="Lossless speculative decoding: generate, benchmark, profile.",
     )
     p.add_argument("--version", action="version", version=f"specpilot {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="tolerate divergences at near-ties (top-2 logit gap < 1e-3)",
     )
+    from specpilot import cli_profile  # local: cli_profile imports this module's helpers
+
+    cli_profile.add_parser(sub)
     return p
 
 
@@ -144,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_generate(args)
         if args.cmd == "bench":
             return _cmd_bench(args)
+        if args.cmd == "profile":
+            from specpilot import cli_profile
+
+            return cli_profile.run(args)
         raise AssertionError(args.cmd)
     except SpecPilotError as e:
         if args.debug:
