@@ -76,6 +76,13 @@ def test_generate_streams_text(model_dir: Path, capsys: pytest.CaptureFixture[st
     assert "tau" in err and "tokens" in err
 
 
+def _copy(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
 def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     rc = main(argv)
     err = capsys.readouterr().err
@@ -113,10 +120,7 @@ def test_corrupt_gguf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 def test_unknown_architecture(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    odd = tmp_path / "odd"
-    odd.mkdir()
-    for f in model_dir.iterdir():
-        (odd / f.name).write_bytes(f.read_bytes())
+    odd = _copy(model_dir, tmp_path / "odd")
     cfg = json.loads((odd / "config.json").read_text())
     cfg["model_type"] = "mamba"
     (odd / "config.json").write_text(json.dumps(cfg))
@@ -127,10 +131,7 @@ def test_unknown_architecture(
 def test_draft_tokenizer_differs(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    other = tmp_path / "draft"
-    other.mkdir()
-    for f in model_dir.iterdir():
-        (other / f.name).write_bytes(f.read_bytes())
+    other = _copy(model_dir, tmp_path / "draft")
     tj = json.loads((other / "tokenizer.json").read_text())
     vocab = tj["model"]["vocab"]
     a, b = sorted(vocab)[5:7]

@@ -77,6 +77,16 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: longest n-gram")
 
 
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--workload", default=None, help="humaneval or chat (default: humaneval)")
+    src.add_argument(
+        "--prompts", default=None, help='JSONL file, one {"id", "prompt", "chat"} object per line'
+    )
+    p.add_argument("--limit", type=int, default=None, help="take the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="specpilot",
@@ -111,13 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _model_args(b)
     _drafter_args(b)
-    src = b.add_mutually_exclusive_group()
-    src.add_argument("--workload", default=None, help="humaneval or chat (default: humaneval)")
-    src.add_argument(
-        "--prompts", default=None, help='JSONL file, one {"id", "prompt", "chat"} object per line'
-    )
-    b.add_argument("--limit", type=int, default=None, help="take the first N prompts")
-    b.add_argument("--max-new-tokens", type=int, default=128)
+    _workload_args(b)
     b.add_argument("--repeats", type=int, default=1, help="timed rounds; median reported")
     b.add_argument(
         "--peers",

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specpilot.cli import _drafter_args, _model_args, _setup
+from specpilot.cli import _drafter_args, _model_args, _setup, _workload_args
 from specpilot.errors import ConfigError, SpecPilotError
 
 DESCRIPTION = (
@@ -27,13 +27,7 @@ DESCRIPTION = (
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     _model_args(p)
     _drafter_args(p)
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--workload", default=None, help="humaneval or chat (default: humaneval)")
-    src.add_argument(
-        "--prompts", default=None, help='JSONL file, one {"id", "prompt", "chat"} object per line'
-    )
-    p.add_argument("--limit", type=int, default=None, help="take the first N prompts")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    _workload_args(p)
     p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
     g = p.add_argument_group("cost model")
     g.add_argument(
