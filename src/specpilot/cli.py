@@ -279,8 +279,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from specpilot.bench import BenchConfig, run_bench
     from specpilot.workloads import load_workload
@@ -300,15 +298,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     loaded, engine, candidates, peers = _setup(args, hf_peers="hf" in args.peers)
     tok = loaded.tokenizer
     encoded = [(p.id, tok.encode_prompt(p.text, chat=p.chat)) for p in prompts]
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
+    console = progress_console()
+    with progress_bar(console) as bar:
         task = bar.add_task("bench", total=len(encoded) * cfg.repeats)
 
         def progress(pid: str, done: int, total: int) -> None:
@@ -330,6 +321,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0 if res.lossless else 1
+
+
+def progress_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 110)
+
+
+def progress_bar(console: Any) -> Any:
+    """A transient rich progress bar (description, bar, n/total, elapsed) on ``console``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
 
 
 def _check_writable(path: Path) -> None:

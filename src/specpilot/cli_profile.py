@@ -14,7 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specpilot.cli import _drafter_args, _model_args, _setup, _workload_args
+from specpilot.cli import (
+    _drafter_args,
+    _model_args,
+    _setup,
+    _workload_args,
+    progress_bar,
+    progress_console,
+)
 from specpilot.errors import ConfigError, SpecPilotError
 
 DESCRIPTION = (
@@ -56,8 +63,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run a profile; 0 on success, 1 when the plan's output differs from the reference."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from specpilot.costmodel import ProfileConfig, detect, profile
     from specpilot.costmodel.html import to_html
@@ -85,15 +90,8 @@ def run(args: argparse.Namespace) -> int:
     tok = loaded.tokenizer
     encoded = [(p.id, tok.encode_prompt(p.text, chat=p.chat)) for p in prompts]
     hw = detect(engine.model.device, engine.model.dtype, recalibrate=args.recalibrate)
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
+    console = progress_console()
+    with progress_bar(console) as bar:
         task = bar.add_task("profile", total=1)
 
         def progress(phase: str, done: int, total: int) -> None:
