@@ -138,10 +138,24 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="tolerate divergences at near-ties (top-2 logit gap < 1e-3)",
     )
-    from specpilot import cli_profile  # local: cli_profile imports this module's helpers
-
-    cli_profile.add_parser(sub)
+    for mod in _command_modules():
+        mod.add_parser(sub).set_defaults(run=mod.run)
     return p
+
+
+def _command_modules() -> list[Any]:
+    """Every ``specpilot.cli_*`` module: each adds one subcommand with ``add_parser(sub)`` (which
+    returns its parser) and runs it with ``run(args) -> exit code``. Imported here, not at the top:
+    they import this module's shared flag helpers."""
+    import importlib
+    import pkgutil
+
+    import specpilot
+
+    names = sorted(
+        m.name for m in pkgutil.iter_modules(specpilot.__path__) if m.name.startswith("cli_")
+    )
+    return [importlib.import_module(f"specpilot.{n}") for n in names]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,11 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_generate(args)
         if args.cmd == "bench":
             return _cmd_bench(args)
-        if args.cmd == "profile":
-            from specpilot import cli_profile
-
-            return cli_profile.run(args)
-        raise AssertionError(args.cmd)
+        return int(args.run(args))
     except SpecPilotError as e:
         if args.debug:
             raise

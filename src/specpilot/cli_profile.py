@@ -1,7 +1,7 @@
 """``specpilot profile``: the Phase 0 cost model on the command line (renders; computes nothing).
 
-Wired into :mod:`specpilot.cli` with ``add_parser(sub)`` in ``build_parser`` and
-``run(args)`` in ``main``; also runnable alone: ``python -m specpilot.cli_profile [flags]``.
+Found by :mod:`specpilot.cli` like every ``cli_*`` module (``add_parser(sub)`` and
+``run(args)``); also runnable alone: ``python -m specpilot.cli_profile [flags]``.
 Model, drafter and workload flags are the ones ``bench`` takes; ``profile`` takes one drafter
 and one tree shape (the plan to profile).
 """
