@@ -41,6 +41,12 @@ class EngineConfig:
     """"onednn" (prepacked, batch-invariant CPU fp32 GEMMs) or "torch"."""
     threads: int | None = None
     """CPU threads for torch (None = leave torch's default)."""
+    static_buffers: bool = False
+    """Verify with token/position/mask buffers reused across steps (see specpilot.fastverify)."""
+    device_accept: bool = False
+    """Greedy acceptance as tensor ops on the device, one host read per step."""
+    cuda_graphs: bool = False
+    """Replay the verify forward from CUDA graphs captured at padded static shapes (GPU only)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -58,6 +64,8 @@ class EngineConfig:
             raise ConfigError(f"--dtype {self.dtype} is for GPUs; use float32 on CPU")
         if dev == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but no CUDA device is available")
+        if self.cuda_graphs and dev != "cuda":
+            raise ConfigError("cuda_graphs needs a CUDA device; drop it from the plan on CPU")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -127,6 +135,17 @@ class Engine:
         self.attention = self.cfg.resolved_attention
         model.prepack(self.cfg.linear)
         self.context_len = model.cfg.max_position
+        self._fast = None
+        c = self.cfg
+        if c.static_buffers or c.device_accept or c.cuda_graphs:
+            from specpilot.fastverify import FastVerifier
+
+            self._fast = FastVerifier(
+                model,
+                static_buffers=c.static_buffers,
+                device_accept=c.device_accept,
+                cuda_graphs=c.cuda_graphs,
+            )
 
     def _ensure_cache(self, need: int) -> None:
         if need > self.model.max_len or self.model.attention != self.attention:
@@ -223,6 +242,8 @@ class Engine:
     ) -> tuple[tuple[int, ...], list[int], Tensor, tuple[Tensor, ...]]:
         """Verify ``tree`` under ``root``; commit; return (accepted path, new tokens, logits,
         hidden states of the rows now committed to the cache)."""
+        if self._fast is not None:
+            return self._fast.step(root, cache_len, tree, taps)
         dev = self.model.device
         n = tree.size
         toks = torch.cat([torch.tensor([root]), tree.tokens]).to(dev)[None]  # (1, n+1)

@@ -1,2 +1,84 @@
 """Mechanisms: candidate optimizations for the pilot loop, one file each behind the
-:class:`~specpilot.mechanisms.base.Mechanism` protocol."""
+:class:`~specpilot.mechanisms.base.Mechanism` protocol.
+
+:func:`all_mechanisms` lists them (tau, kernel, overhead); :func:`get` finds one by id. Applying
+one: :func:`specpilot.mechanisms.base.apply_checked` (applicability, params checked against the
+space, provenance recorded); running the result: :func:`specpilot.runtime.build`.
+"""
+
+from __future__ import annotations
+
+from specpilot.errors import ConfigError
+from specpilot.mechanisms.adaptive_draft import AdaptiveDraft
+from specpilot.mechanisms.attention_impl import AttentionImpl
+from specpilot.mechanisms.base import FACTORS, Context, Mechanism, Param, apply_checked
+from specpilot.mechanisms.batch_budget import BatchBudgetTable
+from specpilot.mechanisms.chain_length import ChainLength
+from specpilot.mechanisms.compile_forward import CompileForward
+from specpilot.mechanisms.cuda_graphs import CudaGraphs
+from specpilot.mechanisms.device_accept import DeviceAccept
+from specpilot.mechanisms.draft_vocab import DraftVocab
+from specpilot.mechanisms.drafter_choice import DrafterChoice
+from specpilot.mechanisms.dynamic_tree import DynamicTree
+from specpilot.mechanisms.gpu_dtype import GpuDtype
+from specpilot.mechanisms.hybrid_drafting import HybridDrafting
+from specpilot.mechanisms.linear_backend import LinearBackend
+from specpilot.mechanisms.lookup_ngram import LookupNgram
+from specpilot.mechanisms.static_buffers import StaticBuffers
+from specpilot.mechanisms.static_tree import StaticTree
+from specpilot.mechanisms.suffix_options import SuffixOptions
+from specpilot.mechanisms.threads import Threads
+
+__all__ = [
+    "FACTORS",
+    "Context",
+    "Mechanism",
+    "Param",
+    "all_mechanisms",
+    "apply_checked",
+    "by_factor",
+    "get",
+]
+
+_CLASSES: tuple[type, ...] = (
+    ChainLength,
+    StaticTree,
+    DynamicTree,
+    DrafterChoice,
+    LookupNgram,
+    SuffixOptions,
+    HybridDrafting,
+    AdaptiveDraft,
+    BatchBudgetTable,
+    Threads,
+    AttentionImpl,
+    LinearBackend,
+    CompileForward,
+    GpuDtype,
+    DraftVocab,
+    StaticBuffers,
+    DeviceAccept,
+    CudaGraphs,
+)
+_REGISTRY: dict[str, Mechanism] = {c.id: c() for c in _CLASSES}
+
+
+def all_mechanisms() -> list[Mechanism]:
+    """Every registered mechanism, tau first, then kernel, then overhead."""
+    return list(_REGISTRY.values())
+
+
+def by_factor(factor: str) -> list[Mechanism]:
+    if factor not in FACTORS:
+        raise ConfigError(f"factor must be one of {FACTORS}, got {factor!r}")
+    return [m for m in _REGISTRY.values() if m.factor == factor]
+
+
+def get(mech_id: str) -> Mechanism:
+    """The mechanism ``mech_id``; ConfigError naming the known ids otherwise."""
+    try:
+        return _REGISTRY[mech_id]
+    except KeyError:
+        raise ConfigError(
+            f"unknown mechanism {mech_id!r}; known: {', '.join(sorted(_REGISTRY))}"
+        ) from None

@@ -9,7 +9,7 @@ subprocess, token-forces it against the reference on held-back prompts, and only
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -78,6 +78,13 @@ class Context:
     batch_size: int = 1
     threads: int = 0
     """CPU threads available (0 = not a CPU context)."""
+    drafters: tuple[str, ...] = ("lookup", "suffix")
+    """Drafters that can be built here: the training-free ones, plus "model" when a draft model
+    is loaded and trained drafter directories when they exist."""
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device != "cpu"
 
 
 @runtime_checkable
@@ -96,3 +103,95 @@ class Mechanism(Protocol):
 
     def apply(self, plan: Plan, params: Mapping[str, Any]) -> Plan:
         """The plan with this mechanism applied (params already validated against ``space``)."""
+
+
+def check_params(space: Sequence[Param], params: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``params`` validated against ``space``: unknown names rejected, missing ones defaulted."""
+    names = {p.name for p in space}
+    extra = sorted(set(params) - names)
+    if extra:
+        raise ConfigError(f"{where}: unknown param(s) {extra}; known: {sorted(names)}")
+    return {p.name: p.check(params[p.name]) if p.name in params else p.default for p in space}
+
+
+def defaults(space: Sequence[Param]) -> dict[str, Any]:
+    return {p.name: p.default for p in space}
+
+
+def apply_checked(
+    mech: Mechanism, ctx: Context, plan: Plan, params: Mapping[str, Any] | None = None
+) -> Plan:
+    """Apply ``mech`` the safe way: applicability first, params checked against its space, the
+    application recorded in ``plan.mechanisms`` (provenance). ConfigError with the reason when
+    it does not apply or a param is out of its space."""
+    reason = mech.applicable(ctx, plan)
+    if reason is not None:
+        raise ConfigError(f"mechanism {mech.id} does not apply here: {reason}")
+    values = check_params(mech.space(ctx, plan), params or {}, f"mechanism {mech.id}")
+    out = mech.apply(plan, values)
+    return record(out, mech.id, values)
+
+
+def record(plan: Plan, mech_id: str, params: Mapping[str, Any]) -> Plan:
+    """``plan`` with ``(mech_id, params)`` appended to its provenance (an earlier application of
+    the same mechanism is replaced: its effect was overwritten)."""
+    from specpilot.plan import AppliedMechanism
+
+    kept = tuple(m for m in plan.mechanisms if m.id != mech_id)
+    return plan.replace(mechanisms=(*kept, AppliedMechanism(mech_id, dict(params))))
+
+
+def with_option(plan: Plan, mech_id: str, value: Any) -> Plan:
+    """``plan`` with ``options[mech_id] = value`` (None removes the entry)."""
+    opts = {k: v for k, v in plan.options.items() if k != mech_id}
+    if value is not None:
+        opts[mech_id] = value
+    return plan.replace(options=opts)
+
+
+def optuna_distribution(p: Param) -> Any:
+    """The Optuna distribution of one param (int/float ranges, categorical, bool as categorical)."""
+    import optuna.distributions as od
+
+    if p.kind == "int":
+        assert p.low is not None and p.high is not None
+        return od.IntDistribution(int(p.low), int(p.high), log=p.log)
+    if p.kind == "float":
+        assert p.low is not None and p.high is not None
+        return od.FloatDistribution(float(p.low), float(p.high), log=p.log)
+    if p.kind == "bool":
+        return od.CategoricalDistribution((False, True))
+    return od.CategoricalDistribution(tuple(p.choices))
+
+
+def optuna_space(space: Sequence[Param]) -> dict[str, Any]:
+    """``{name: distribution}`` for ``study.ask(fixed_distributions=...)`` (ask/tell)."""
+    return {p.name: optuna_distribution(p) for p in space}
+
+
+def parse_dataclass(cls: type, raw: Any, where: str) -> Any:
+    """A frozen options dataclass from a JSON object: unknown keys and bad values -> ConfigError
+    (the dataclass validates its own fields in ``__post_init__``)."""
+    from dataclasses import fields
+
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    names = {f.name for f in fields(cls)}
+    extra = sorted(set(raw) - names)
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {extra}; known: {sorted(names)}")
+    try:
+        return cls(**raw)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def require(ok: bool, where: str, what: str) -> None:
+    """ConfigError ``where: what`` unless ``ok`` (for options dataclasses' ``__post_init__``)."""
+    if not ok:
+        raise ConfigError(f"{where}: {what}")
+
+
+def no_drafter(plan: Plan) -> str | None:
+    """The reason a drafting mechanism does not apply to a plain AR plan, else None."""
+    return "the plan decodes without a drafter (plain AR)" if plan.drafter == "none" else None

@@ -1,0 +1,270 @@
+"""Plan runtime: turn a :class:`~specpilot.plan.Plan` into a running engine and drafter factory.
+
+:func:`build` honours every field of a plan: the engine configuration (device, dtype, attention,
+linear backend, threads, the verify-step switches of :mod:`specpilot.fastverify`), the drafter and
+its options, the tree shape, and the runtime ``options`` of mechanisms (keyed by mechanism id:
+drafter wrappers, the batch-size budget table, torch.compile, a reduced draft vocabulary). Each
+option is parsed by its mechanism (``parse_options``) so a bad or unknown entry fails with a
+:class:`ConfigError` before anything runs. :func:`context_of` describes where a plan runs (what
+mechanism applicability and memory similarity read); :func:`default_plan` is what ``bench`` runs
+with no flags.
+
+Model state. Building mutates the loaded model the way the engine always did (oneDNN prepacking
+is one-way; ``compile_forward`` replaces forwards; ``draft_vocab`` cuts the draft model's LM
+head), so one process serves plans that agree on those; trials of the pilot loop each run in
+their own subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specpilot.drafters.base import Drafter
+from specpilot.engine import Engine, EngineConfig
+from specpilot.errors import ConfigError
+from specpilot.mechanisms.base import Context
+from specpilot.plan import Plan
+from specpilot.tree import TreeSpec
+
+DEFAULT_DRAFTER = "suffix"
+DEFAULT_TREE = TreeSpec(kind="chain", k=5)
+TRAINING_FREE = ("lookup", "suffix")
+
+
+@dataclass(frozen=True)
+class Built:
+    """A plan, ready to decode: ``engine.generate(ids, gen, drafter=make_drafter(), spec=spec)``."""
+
+    plan: Plan
+    engine: Engine
+    make_drafter: Callable[[], Drafter | None]
+    """A fresh drafter (wrappers applied) per call; None for plain AR plans."""
+    spec: TreeSpec
+    """The plan's tree, capped by its batch-size budget table at the batch size built for."""
+    batch_size: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.plan.describe()
+
+    def candidate(self) -> Any:
+        """This plan as a :class:`specpilot.bench.Candidate` (None for AR plans)."""
+        from specpilot.bench import Candidate
+
+        if self.plan.drafter == "none":
+            return None
+        return Candidate(self.name, self.plan.drafter, self.make_drafter, self.spec)
+
+
+def default_plan(loaded: Any) -> Plan:
+    """What ``specpilot bench`` runs with no flags: suffix drafter, chain k=5, CPU defaults (the
+    loaded model's device and dtype)."""
+    model = loaded.model
+    dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    return Plan(
+        drafter=DEFAULT_DRAFTER,
+        tree=DEFAULT_TREE,
+        engine=EngineConfig(device=str(model.device), dtype=dtype.get(model.dtype, "float32")),
+    )
+
+
+def params_millions(cfg: Any) -> float:
+    """Parameters of a Llama-family config in millions (tied embeddings counted once)."""
+    d, hd = cfg.dim, cfg.head_dim
+    attn = d * cfg.n_heads * hd * 2 + d * cfg.n_kv_heads * hd * 2
+    if cfg.qkv_bias:
+        attn += (cfg.n_heads + 2 * cfg.n_kv_heads) * hd
+    layer = attn + 3 * d * cfg.intermediate_size + 2 * d + (2 * hd if cfg.qk_norm else 0)
+    emb = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+    return (emb + cfg.n_layers * layer + d) / 1e6
+
+
+def drafter_kind(name: str) -> str:
+    """Drafter kind for contexts: the registered name, or "trained" for a drafter directory."""
+    from specpilot.drafters import DRAFTERS
+
+    return name if name in DRAFTERS else "trained"
+
+
+def context_of(
+    loaded: Any, plan: Plan, batch_size: int = 1, *, drafters: tuple[str, ...] = ()
+) -> Context:
+    """Where ``plan`` runs for ``loaded`` at ``batch_size``. ``drafters``: extra drafters that can
+    be built here besides lookup and suffix ("model" when a draft model is loaded, trained
+    drafter directories)."""
+    if batch_size < 1:
+        raise ConfigError(f"batch size must be >= 1, got {batch_size}")
+    dev = plan.engine.device
+    if dev.startswith("cuda"):
+        idx = int(dev.split(":")[1]) if ":" in dev else 0
+        device, threads = torch.cuda.get_device_name(idx), 0
+    else:
+        device = "cpu"
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    return Context(
+        arch=loaded.cfg.arch,
+        params_m=round(params_millions(loaded.cfg), 6),
+        drafter_kind=drafter_kind(plan.drafter),
+        device=device,
+        dtype=plan.engine.dtype,
+        batch_size=batch_size,
+        threads=threads,
+        drafters=tuple(dict.fromkeys((*TRAINING_FREE, *drafters))),
+    )
+
+
+def plan_options(plan: Plan) -> dict[str, Any]:
+    """``plan.options`` parsed by their mechanisms; ConfigError for an unknown mechanism id or a
+    bad value. Ids in ``plan.mechanisms`` must be known too."""
+    from specpilot.mechanisms import get
+
+    for m in plan.mechanisms:
+        get(m.id)
+    out: dict[str, Any] = {}
+    for key, raw in plan.options.items():
+        mech = get(key)
+        parse = getattr(mech, "parse_options", None)
+        if parse is None:
+            raise ConfigError(f"plan options: mechanism {key!r} keeps no runtime options")
+        out[key] = parse(raw)
+    return out
+
+
+def budget_for(table: Mapping[int, int], batch_size: int) -> int | None:
+    """The node budget for ``batch_size``: the entry of the largest batch size <= it (None when
+    the table has none). Read by the batched engine as well.
+
+    >>> budget_for({1: 16, 4: 8, 16: 2}, 6)
+    8
+    """
+    keys = [b for b in table if b <= batch_size]
+    return table[max(keys)] if keys else None
+
+
+def cap_spec(spec: TreeSpec, budget: int) -> TreeSpec:
+    """``spec`` verifying at most ``budget`` draft nodes (static paths: shortest first, closed).
+
+    >>> cap_spec(TreeSpec(kind="static", paths=((0,), (1,), (0, 0), (0, 0, 0))), 3).paths
+    ((0,), (1,), (0, 0))
+    """
+    if budget >= spec.max_nodes:
+        return spec
+    if spec.kind == "chain":
+        return TreeSpec(kind="chain", k=budget)
+    if spec.kind == "dynamic":
+        return TreeSpec(kind="dynamic", budget=budget, topk=spec.topk, depth=spec.depth)
+    kept: list[tuple[int, ...]] = []
+    for p in sorted(spec.paths, key=len):
+        if len(kept) < budget and (len(p) == 1 or p[:-1] in kept):
+            kept.append(p)
+    return TreeSpec(kind="static", paths=tuple(kept))
+
+
+def build(plan: Plan, loaded: Any, *, draft: Any = None, batch_size: int = 1) -> Built:
+    """Build ``plan`` on ``loaded`` (a :class:`specpilot.loading.LoadedModel`).
+
+    ``draft``: the loaded draft model when the plan (or its hybrid fallback) uses ``"model"``.
+    ``batch_size`` picks the entry of the plan's budget table. Fails fast (ConfigError /
+    DrafterError) on anything the plan asks that cannot be honoured here.
+    """
+    opts = plan_options(plan)
+    ecfg = plan.engine
+    _place(loaded.model, ecfg, "target")
+    uses_model = plan.drafter == "model" or (
+        "hybrid_drafting" in opts and opts["hybrid_drafting"].fallback == "model"
+    )
+    if uses_model and draft is None:
+        raise ConfigError("the plan drafts with a draft model: give one (--draft-model PATH)")
+    if "draft_vocab" in opts and draft is None:
+        raise ConfigError("the plan's draft_vocab option needs a draft model (--draft-model PATH)")
+    engine = Engine(loaded.model, ecfg)
+    if draft is not None:
+        _place(draft.model, ecfg, "draft")
+        draft.model.prepack(ecfg.linear)
+        if "draft_vocab" in opts:
+            from specpilot.mechanisms.draft_vocab import set_head_rows
+
+            set_head_rows(draft.model, opts["draft_vocab"].keep)
+    if "compile_forward" in opts:
+        from specpilot.mechanisms.compile_forward import compile_model
+
+        compile_model(loaded.model, opts["compile_forward"])
+    spec = plan.tree
+    if "batch_budget" in opts:
+        cap = budget_for(opts["batch_budget"].table, batch_size)
+        if cap is not None:
+            spec = cap_spec(spec, cap)
+    make = _drafter_factory(plan, opts, loaded, draft)
+    make()  # fail fast on an incompatible drafter
+    return Built(plan, engine, make, spec, batch_size)
+
+
+def _place(model: Any, ecfg: EngineConfig, what: str) -> None:
+    """Move/cast ``model`` to the plan's device and dtype (before any prepacking)."""
+    dev, dtype = torch.device(ecfg.device), ecfg.torch_dtype
+    if model.device == dev and model.dtype == dtype:
+        if ecfg.linear == "torch" and model._head_plain is not None:
+            raise ConfigError(
+                f"the {what} model was prepacked for oneDNN earlier in this process; "
+                "load it again to run the plan's linear=torch"
+            )
+        return
+    if model._head_plain is not None:
+        raise ConfigError(
+            f"the {what} model was prepacked on {model.device} {model.dtype} in this process; "
+            f"load it on {ecfg.device} {ecfg.dtype} to run this plan"
+        )
+    model.to(device=dev, dtype=dtype)
+    if model.max_len:
+        model.max_len = 0  # the cache and RoPE tables are reallocated on the new device
+
+
+def _drafter_factory(
+    plan: Plan, opts: dict[str, Any], loaded: Any, draft: Any
+) -> Callable[[], Drafter | None]:
+    hybrid = opts.get("hybrid_drafting")
+    adaptive = opts.get("adaptive_draft")
+
+    def make() -> Drafter | None:
+        d = base_drafter(plan.drafter, plan.drafter_options, loaded, draft)
+        if d is None:
+            return None
+        if hybrid is not None:
+            from specpilot.drafters.hybrid import HybridDrafter
+
+            fb = base_drafter(hybrid.fallback, hybrid.fallback_options, loaded, draft)
+            assert fb is not None
+            d = HybridDrafter(d, fb, hybrid.min_nodes)
+        if adaptive is not None:
+            from specpilot.drafters.adaptive import ConfidenceDrafter
+
+            d = ConfidenceDrafter(d, adaptive.threshold, adaptive.min_nodes)
+        return d
+
+    return make
+
+
+def base_drafter(
+    name: str, options: Mapping[str, Any], loaded: Any, draft: Any = None
+) -> Drafter | None:
+    """A registered drafter (:data:`specpilot.drafters.DRAFTERS`) or a trained drafter
+    directory, built for ``loaded``."""
+    from specpilot.drafters import DRAFTERS, make_drafter
+
+    if name in DRAFTERS:
+        return make_drafter(
+            name, target=loaded, tokenizer=loaded.tokenizer, draft=draft, **dict(options)
+        )
+    if Path(name).expanduser().is_dir():
+        from specpilot.drafters.trained import load_trained_drafter
+
+        return load_trained_drafter(name, loaded, **dict(options))
+    raise ConfigError(
+        f"plan drafter {name!r} is neither one of {', '.join(DRAFTERS)} nor a drafter directory"
+    )
