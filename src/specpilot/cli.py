@@ -52,9 +52,10 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--drafter",
         action="append",
-        choices=["none", "lookup", "suffix", "model"],
+        metavar="{none,lookup,suffix,model,head,DIR}",
         help="none = plain decoding; lookup = prompt n-gram lookup; suffix = suffix "
-        "tree over prompt and earlier outputs; model = a draft model "
+        "tree over prompt and earlier outputs; model = a draft model; head = the trained head "
+        "shipped for the target; DIR = a trained drafter directory (specpilot train-drafter) "
         "(default: suffix; bench takes several)",
     )
     g.add_argument("--draft-model", default=None, help="draft model for --drafter model")
@@ -182,6 +183,7 @@ def _setup(
     """Load the target; build the engine, the speculative candidates (drafter x tree shape) and
     peers. Flags are validated first, so a bad flag fails before the model loads."""
     from specpilot.bench import Candidate
+    from specpilot.drafters import DRAFTERS
     from specpilot.engine import Engine, EngineConfig
     from specpilot.loading import load_model
     from specpilot.tree import TreeSpec
@@ -204,6 +206,7 @@ def _setup(
         )
         for t in trees
     ]
+    _check_drafter_names(drafters)
     if "model" in drafters and not args.draft_model:
         raise ConfigError("--drafter model needs --draft-model PATH")
     if args.lookup_min_n < 1 or args.lookup_max_n < args.lookup_min_n:
@@ -230,9 +233,23 @@ def _setup(
         make = _drafter_factory(name, args, loaded, draft)
         make()  # fail fast on an incompatible drafter
         for spec in specs:
-            label = f"{name}/{spec.kind}"
+            label = f"{Path(name).name if name not in DRAFTERS else name}/{spec.kind}"
             candidates.append(Candidate(label, name, make, spec))
     return loaded, engine, candidates, peers
+
+
+def _check_drafter_names(names: list[str]) -> None:
+    """ConfigError for a --drafter that is neither a known name nor a drafter directory."""
+    from specpilot.drafters import DRAFTERS
+    from specpilot.drafters.trained import is_drafter_dir
+
+    for name in names:
+        if name not in DRAFTERS and not is_drafter_dir(name):
+            where = "is not a drafter directory (no config.json)" if Path(name).exists() else ""
+            raise ConfigError(
+                f"--drafter {name!r} {where or 'is unknown'}: use one of "
+                f"{', '.join(DRAFTERS)} or a directory made by specpilot train-drafter"
+            )
 
 
 def _drafter_factory(name: str, args: argparse.Namespace, loaded: Any, draft: Any) -> Any:

@@ -31,6 +31,8 @@ DRAFTERS: dict[str, str] = {
     "suffix": "suffix decoding: frequency-scored continuations from a suffix trie of the "
     "sequence and earlier outputs",
     "model": "draft model: a small model with the target's tokenizer drafts (greedy / EAGLE-2)",
+    "head": "trained feature-level head (EAGLE-style) shipped for the target; or pass a trained "
+    "drafter directory (specpilot train-drafter) as the name",
 }
 
 DEFAULT_DRAFT_MAX_LEN = 4096
@@ -78,17 +80,27 @@ def check_tokenizers(target_tok: Any, draft_tok: Any) -> None:
 def make_drafter(
     name: str, *, target: Any = None, tokenizer: Any = None, draft: Any = None, **options: Any
 ) -> Drafter | None:
-    """Build the drafter ``name`` (a key of :data:`DRAFTERS`); ``"none"`` returns None.
+    """Build the drafter ``name`` (a key of :data:`DRAFTERS` or a trained drafter directory);
+    ``"none"`` returns None.
 
     ``target``: the target (a LoadedModel, a Transformer or None); ``tokenizer``: the target's.
     ``draft`` (``"model"`` only): the draft model as a LoadedModel, a ``(Transformer, tokenizer)``
     pair or a bare Transformer. The tokenizers are compared when both are known; without them the
     caller vouches for the shared vocabulary. ``options`` go to the drafter's constructor
     (lookup: min_n, max_n, max_matches, discount; suffix: max_depth, max_corpus_tokens,
-    max_pattern; model: max_len, default the target's context or 4096).
+    max_pattern; model: max_len, default the target's context or 4096). Trained drafters
+    (``"head"``: the one shipped for the target; or a directory) need ``target``.
     """
+    from specpilot.drafters import trained
+
+    if name == "head" or (name not in DRAFTERS and trained.is_drafter_dir(name)):
+        path = trained.shipped_drafter(target, "head") if name == "head" else name
+        return trained.load_trained_drafter(path, target, **options)
     if name not in DRAFTERS:
-        raise DrafterError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+        raise DrafterError(
+            f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)} or a trained "
+            "drafter directory (specpilot train-drafter --out DIR)"
+        )
     if name == "none":
         if options:
             raise DrafterError(f"drafter 'none' takes no options, got {sorted(options)}")

@@ -1,0 +1,76 @@
+"""Tree expansion for drafters that score one depth per forward (EAGLE-2 style), as pure functions.
+
+The drafter supplies ``feed(nodes, rows) -> (len(rows), V) log-probs``: one batched forward of
+the listed nodes (each sees its ancestors); these functions decide which nodes to feed.
+
+* :func:`expand_dynamic` - EAGLE-2 (Li et al. 2024): per depth the ``topk`` nodes with the best
+  cumulative log-probability are expanded in one forward, each adds its ``topk`` children; the
+  tree spec keeps the best ``budget`` nodes at the end.
+* :func:`expand_paths` - chains and static trees: only the prefixes the rank paths extend.
+
+Token ids in the returned tree are indices into the drafter's output vocabulary (``V``); a
+drafter with a reduced vocabulary maps them back (``vocab_ids[tree.tokens]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from torch import Tensor
+
+from specpilot.drafters.draft_model import _Nodes, _top, chain_paths, path_widths
+from specpilot.tree import DraftTree, TreeSpec, shape_tree
+
+Feed = Callable[[_Nodes, list[int]], Tensor]
+"""feed(nodes, rows) -> (len(rows), V) log-probs of the children of ``rows``."""
+
+
+def expand_dynamic(root: Tensor, feed: Feed, spec: TreeSpec) -> DraftTree:
+    """EAGLE-2 expansion from the root's log-probs ``root`` (V,)."""
+    k = min(spec.topk, root.shape[-1])
+    nodes = _Nodes()
+    vals, idx = root.topk(k)
+    level = [nodes.add(t, -1, v) for v, t in zip(vals.tolist(), idx.tolist(), strict=True)]
+    for _ in range(1, spec.depth):
+        frontier = sorted(level, key=lambda i: (-nodes.scores[i], i))[:k]
+        lp = feed(nodes, frontier)  # (len(frontier), V)
+        vals, idx = lp.topk(k, dim=-1)
+        level = []
+        for r, i in enumerate(frontier):
+            base = nodes.scores[i]
+            for v, t in zip(vals[r].tolist(), idx[r].tolist(), strict=True):
+                level.append(nodes.add(t, i, base + v))
+    return shape_tree(nodes.tree(), spec)
+
+
+def expand_spec(root: Tensor, feed: Feed, spec: TreeSpec) -> DraftTree:
+    """Expand for any tree spec (dynamic, static or chain)."""
+    if spec.kind == "dynamic":
+        return expand_dynamic(root, feed, spec)
+    paths = spec.paths if spec.kind == "static" else chain_paths(spec.k)
+    return expand_paths(root, feed, paths, spec)
+
+
+def expand_paths(
+    root: Tensor, feed: Feed, paths: Sequence[tuple[int, ...]], spec: TreeSpec
+) -> DraftTree:
+    """Chain / static tree: expand exactly the prefixes the rank paths extend."""
+    need = path_widths(paths)
+    nodes = _Nodes()
+    prefix: list[tuple[int, ...]] = []
+    level: list[int] = []
+    for rank, (v, t) in enumerate(_top(root[None], need[()])[0]):
+        level.append(nodes.add(t, -1, v))
+        prefix.append((rank,))
+    for _ in range(1, spec.max_depth):
+        frontier = [i for i in level if prefix[i] in need]
+        if not frontier:
+            break
+        lp = feed(nodes, frontier)
+        tops = _top(lp, max(need[prefix[i]] for i in frontier))
+        level = []
+        for r, i in enumerate(frontier):
+            for rank, (v, t) in enumerate(tops[r][: need[prefix[i]]]):
+                level.append(nodes.add(t, i, nodes.scores[i] + v))
+                prefix.append((*prefix[i], rank))
+    return shape_tree(nodes.tree(), spec)

@@ -1,0 +1,211 @@
+"""The small network behind the trained drafters: decoder layers over target features.
+
+Shared by the feature-level head (EAGLE, Li et al. 2024; EAGLE-3, Li et al. 2025) and the block
+drafter (DFlash). Both read the target's hidden states at a few tapped layers (low / mid / high,
+as EAGLE-3) and the target's frozen token embedding and LM head, which are attached at run time
+(:meth:`FeatureNet.attach`) and never saved.
+
+Entries. The drafter's sequence is one *entry* per committed position ``j``: its input fuses the
+target's tapped hidden states at ``j`` (which predict token ``j+1``) with the embedding of token
+``j+1``; its output predicts token ``j+2``::
+
+    x_j = in_proj([norm_e(embed(t[j+1])) ; norm_g(g_j)]),  g_j = fuse(concat(taps_j))
+
+For deeper draft tokens the head uses its own output state in place of ``g`` (EAGLE-3's
+training-time test); the block drafter appends ``block`` mask rows that see every entry and each
+other (non-causal within the block).
+
+Attention is plain SDPA over explicit keys with a boolean mask (True = may attend), so the same
+layer serves training (whole sequences) and drafting (a KV cache plus scratch rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specpilot.errors import DrafterError
+
+KINDS = ("head", "block")
+
+
+@dataclass(frozen=True)
+class FeatureNetConfig:
+    """Shape of a trained drafter; saved as ``config.json`` (with the target's identity)."""
+
+    kind: str
+    """"head" (one token per forward, trees by expansion) or "block" (B tokens per forward)."""
+    dim: int
+    """Hidden size; must equal the target's."""
+    vocab_size: int
+    """The target's vocabulary size."""
+    taps: tuple[int, ...]
+    """Target hidden-state indices read (index i < n_layers: input of layer i; n_layers: final
+    normed state)."""
+    n_layers: int = 1
+    n_heads: int = 8
+    n_kv_heads: int = 4
+    head_dim: int = 64
+    intermediate_size: int = 1536
+    rms_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    block: int = 0
+    """Block drafter: tokens predicted per forward (0 for the head)."""
+    draft_vocab: int = 0
+    """Tokens of the reduced output vocabulary (0 = the whole target vocabulary)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form facts stored with the drafter (target fingerprint, training figures)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise DrafterError(f"drafter kind must be one of {KINDS}, got {self.kind!r}")
+        for name in ("dim", "vocab_size", "n_layers", "n_heads", "n_kv_heads", "head_dim"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise DrafterError(f"drafter config: {name} must be a positive integer")
+        if self.n_heads % self.n_kv_heads:
+            raise DrafterError("drafter config: n_heads must be a multiple of n_kv_heads")
+        if not self.taps:
+            raise DrafterError("drafter config: at least one tapped layer is needed")
+        if self.kind == "block" and self.block < 2:
+            raise DrafterError("a block drafter needs block >= 2")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["taps"] = list(self.taps)
+        return d
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> FeatureNetConfig:
+        known = set(FeatureNetConfig.__dataclass_fields__)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise DrafterError(f"drafter config.json has unknown fields {unknown}")
+        try:
+            return FeatureNetConfig(**{**d, "taps": tuple(int(t) for t in d["taps"])})
+        except (TypeError, KeyError, ValueError) as e:
+            raise DrafterError(f"drafter config.json is malformed: {e}") from None
+
+
+def rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
+    """Rotary embedding of ``x`` (..., T, H, hd) at positions ``pos`` (..., T)."""
+    hd = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    ang = pos.to(torch.float32)[..., None] * inv  # (..., T, hd/2)
+    cos = torch.cat([ang.cos(), ang.cos()], -1).unsqueeze(-2).to(x.dtype)  # (..., T, 1, hd)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).unsqueeze(-2).to(x.dtype)
+    h = hd // 2
+    rot = torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+    return x * cos + rot * sin
+
+
+class DraftLayer(nn.Module):
+    """A Llama decoder layer whose attention takes extra keys/values and an explicit mask."""
+
+    def __init__(self, cfg: FeatureNetConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h, hk, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.norm1 = nn.RMSNorm(cfg.dim, eps=cfg.rms_eps)
+        self.qkv = nn.Linear(cfg.dim, (h + 2 * hk) * hd, bias=False)
+        self.o = nn.Linear(h * hd, cfg.dim, bias=False)
+        self.norm2 = nn.RMSNorm(cfg.dim, eps=cfg.rms_eps)
+        self.gate_up = nn.Linear(cfg.dim, 2 * cfg.intermediate_size, bias=False)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.dim, bias=False)
+
+    def kv(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, H, T, hd), k and v (B, Hk, T, hd) of ``x`` (B, T, dim) at ``pos`` (B, T)."""
+        c = self.cfg
+        b, t, _ = x.shape
+        qkv = self.qkv(self.norm1(x))
+        q = qkv[..., : c.n_heads * c.head_dim].view(b, t, c.n_heads, c.head_dim)
+        k = qkv[..., c.n_heads * c.head_dim : (c.n_heads + c.n_kv_heads) * c.head_dim]
+        k = k.reshape(b, t, c.n_kv_heads, c.head_dim)
+        v = qkv[..., (c.n_heads + c.n_kv_heads) * c.head_dim :].reshape(
+            b, t, c.n_kv_heads, c.head_dim
+        )
+        q = rope(q, pos, c.rope_theta).transpose(1, 2)
+        k = rope(k, pos, c.rope_theta).transpose(1, 2)
+        return q, k, v.transpose(1, 2)
+
+    def finish(self, x: Tensor, q: Tensor, keys: Tensor, vals: Tensor, mask: Tensor) -> Tensor:
+        """Attention of ``q`` over ``keys``/``vals`` (B, Hk, S, hd) under ``mask`` (B, T, S),
+        then the MLP; returns the layer output (B, T, dim)."""
+        b, _, t, _ = q.shape
+        o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask[:, None], enable_gqa=True)
+        h = x + self.o(o.transpose(1, 2).reshape(b, t, -1))
+        gu = self.gate_up(self.norm2(h))
+        i = gu.shape[-1] // 2
+        return h + self.down(F.silu(gu[..., :i]) * gu[..., i:])
+
+
+class FeatureNet(nn.Module):
+    """Fuse + input projection + ``n_layers`` draft layers + norm; LM head rows attached."""
+
+    def __init__(self, cfg: FeatureNetConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.dim
+        self.fuse = nn.Linear(len(cfg.taps) * d, d, bias=False)
+        self.norm_e = nn.RMSNorm(d, eps=cfg.rms_eps)
+        self.norm_g = nn.RMSNorm(d, eps=cfg.rms_eps)
+        self.in_proj = nn.Linear(2 * d, d, bias=False)
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.RMSNorm(d, eps=cfg.rms_eps)
+        if cfg.kind == "block":
+            self.mask_emb = nn.Parameter(torch.zeros(d))
+        self.register_buffer(
+            "vocab_ids", torch.arange(cfg.draft_vocab or cfg.vocab_size), persistent=True
+        )
+        self.embed: Tensor | None = None
+        """(vocab, dim) the target's token embedding (frozen, attached)."""
+        self.head: Tensor | None = None
+        """(draft_vocab, dim) the target's LM-head rows of ``vocab_ids`` (frozen, attached)."""
+        self.head_fn: Any = None
+        """Optional fast callable for inference (a prepacked linear over ``head``)."""
+
+    def init_weights(self, seed: int, std: float = 0.02) -> None:
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if "norm" in name:
+                    p.fill_(1.0)
+                elif name == "mask_emb":
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+                    if name.endswith("o.weight") or name.endswith("down.weight"):
+                        p.mul_(0.5)
+
+    def attach(self, embed: Tensor, head: Tensor) -> None:
+        """Share the target's embedding (vocab, dim) and full LM head (vocab, dim)."""
+        if embed.shape[-1] != self.cfg.dim or head.shape[-1] != self.cfg.dim:
+            raise DrafterError(
+                f"drafter hidden size {self.cfg.dim} does not match the target's {embed.shape[-1]}"
+            )
+        self.embed = embed.detach()
+        self.head = head.detach()[self.vocab_ids.to(head.device)].contiguous()
+        self.head_fn = None
+
+    def entries(self, taps: Tensor, next_tokens: Tensor) -> Tensor:
+        """Entry inputs (B, T, dim) from tapped states (B, T, n_taps, dim) and tokens (B, T)."""
+        b, t, n, d = taps.shape
+        g = self.fuse(taps.reshape(b, t, n * d))
+        return self.step_input(g, next_tokens)
+
+    def step_input(self, g: Tensor, tokens: Tensor) -> Tensor:
+        """Layer input from a feature ``g`` (B, T, dim) and the token that follows it (B, T)."""
+        assert self.embed is not None, "attach() the target's embedding first"
+        e = F.embedding(tokens, self.embed)
+        return self.in_proj(torch.cat([self.norm_e(e), self.norm_g(g)], dim=-1))
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Draft-vocabulary logits (..., draft_vocab) of layer outputs ``h`` (..., dim)."""
+        assert self.head is not None, "attach() the target's LM head first"
+        x = self.norm(h)
+        if self.head_fn is not None and not torch.is_grad_enabled():
+            return self.head_fn(x)
+        return x @ self.head.T
