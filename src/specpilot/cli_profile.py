@@ -17,6 +17,7 @@ from typing import Any
 from specpilot.cli import (
     _drafter_args,
     _model_args,
+    _plan_args,
     _setup,
     _workload_args,
     progress_bar,
@@ -34,6 +35,7 @@ DESCRIPTION = (
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     _model_args(p)
     _drafter_args(p)
+    _plan_args(p)
     _workload_args(p)
     p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
     g = p.add_argument_group("cost model")

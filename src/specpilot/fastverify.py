@@ -18,9 +18,10 @@ the engine keeps its own step for sampling):
   keys are padded to a multiple of 256 with masked-out slots. Implies the two switches above.
   ``capture=False`` runs the same padded path eagerly (how CPU tests check it).
 
-Greedy acceptance on the device picks the deepest fully matching node; with two identical sibling
-tokens it may take another path than :func:`specpilot.tree.verify_greedy`, but every fully
-matching path spells the target's own greedy continuation, so the committed tokens are the same.
+Greedy acceptance on the device picks the deepest fully matching node. With distinct sibling
+tokens that is the path :func:`specpilot.tree.verify_greedy` follows; with two identical siblings
+it may take the other (deeper) one, but every fully matching path spells the target's own greedy
+continuation, so the output is the same (the step may commit more of it).
 """
 
 from __future__ import annotations
