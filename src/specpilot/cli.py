@@ -15,6 +15,8 @@ from specpilot.errors import ConfigError, SpecPilotError
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_DRAFTER = "suffix"
 DEFAULT_TREE = "chain"
+PLAN_COMMANDS = ("generate", "bench", "profile")
+"""Commands whose ``--plan`` goes through :func:`specpilot.runtime.build` in ``_setup``."""
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -78,6 +80,15 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: longest n-gram")
 
 
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--plan",
+        default=None,
+        help="a plan file, or a run directory holding plan.json (specpilot optimize): sets the "
+        "drafter, tree and engine (not combinable with the flags that set those)",
+    )
+
+
 def _workload_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--workload", default=None, help="humaneval or chat (default: humaneval)")
@@ -103,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _model_args(g)
     _drafter_args(g)
+    _plan_args(g)
     g.add_argument("--prompt", required=True, help="prompt text")
     g.add_argument(
         "--chat",
@@ -122,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _model_args(b)
     _drafter_args(b)
+    _plan_args(b)
     _workload_args(b)
     b.add_argument("--repeats", type=int, default=1, help="timed rounds; median reported")
     b.add_argument(
@@ -182,6 +195,10 @@ def _setup(
 ) -> tuple[Any, Any, list[Any], list[Any]]:
     """Load the target; build the engine, the speculative candidates (drafter x tree shape) and
     peers. Flags are validated first, so a bad flag fails before the model loads."""
+    if getattr(args, "plan", None) and getattr(args, "cmd", "profile") in PLAN_COMMANDS:
+        from specpilot.plan_setup import setup_plan
+
+        return setup_plan(args, hf_peers)
     from specpilot.bench import Candidate
     from specpilot.drafters import DRAFTERS
     from specpilot.engine import Engine, EngineConfig
