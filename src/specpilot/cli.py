@@ -146,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--draft-model) assisted generation on the same weights",
     )
     b.add_argument("--json", default=None, help="write results to this JSON file")
+    b.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="decode N prompts together (continuous batching): batched AR vs batched "
+        "speculative, throughput and per-request latency",
+    )
     b.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
     b.add_argument(
         "--no-strict",
@@ -342,6 +349,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     loaded, engine, candidates, peers = _setup(args, hf_peers="hf" in args.peers)
     tok = loaded.tokenizer
     encoded = [(p.id, tok.encode_prompt(p.text, chat=p.chat)) for p in prompts]
+    if args.batch_size is not None:
+        return _bench_batch(args, loaded, engine, candidates, encoded)
     console = progress_console()
     with progress_bar(console) as bar:
         task = bar.add_task("bench", total=len(encoded) * cfg.repeats)
@@ -363,6 +372,62 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     )
     _render_bench(console, res)
     if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0 if res.lossless else 1
+
+
+def _bench_batch(
+    args: argparse.Namespace, loaded: Any, engine: Any, candidates: list[Any], encoded: list[Any]
+) -> int:
+    """``bench --batch-size N``: batched AR vs batched speculative (throughput, latency)."""
+    from rich.table import Table
+
+    from specpilot.batch import BatchEngine
+    from specpilot.bench_batch import BatchBenchConfig, batch_config_for, run_batch_bench
+
+    if args.peers:
+        raise ConfigError("--peers is not available with --batch-size")
+    cfg = BatchBenchConfig(
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        stop_on_eos=not args.ignore_eos,
+    )
+    nodes = max((c.spec.max_nodes for c in candidates), default=0)
+    bcfg = batch_config_for(cfg.batch_size, [p for _, p in encoded], cfg.max_new_tokens, nodes)
+    tok = loaded.tokenizer
+    beng = BatchEngine(loaded.model, engine.cfg, bcfg, eos_ids=tok.eos_ids, detok=tok.decode)
+    console = progress_console()
+    with progress_bar(console) as bar:
+        task = bar.add_task("bench", total=cfg.repeats * (1 + len(candidates)))
+        res = run_batch_bench(
+            beng,
+            encoded,
+            candidates,
+            cfg,
+            progress=lambda name, done, _: bar.update(task, completed=done, description=name),
+        )
+    t = Table(
+        title=f"specpilot bench: {res.n_prompts} prompts x {res.max_new_tokens} tokens, "
+        f"batch size {res.batch_size}"
+    )
+    for col in ("engine", "tok/s", "vs batched AR", "p50 latency s", "p99 latency s", "tau"):
+        t.add_column(col, justify="left" if col == "engine" else "right")
+    for m in (res.ar, *res.candidates):
+        sp = res.speedup(m) if m is not res.ar else 1.0
+        t.add_row(
+            m.name,
+            f"{m.tok_s:.1f}" if m.tok_s else "n/a (lossy)",
+            f"{sp:.2f}x" if sp else "n/a",
+            f"{m.latency_p50_s:.2f}",
+            f"{m.latency_p99_s:.2f}",
+            f"{m.tau:.2f}",
+        )
+    console.print(t)
+    for m in res.candidates:
+        console.print(f"{m.name}: forcing {m.forcing}")
+    if args.json:
+        out = {**res.to_json(), "model": loaded.source, "threads": args.threads}
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0 if res.lossless else 1
 

@@ -23,6 +23,7 @@ from torch import Tensor
 from specpilot.drafters.base import DraftContext, Drafter
 from specpilot.errors import ConfigError, ContextLengthError
 from specpilot.model import ATTENTION_KINDS, LINEAR_KINDS, Transformer, causal_mask, kernel_range
+from specpilot.sampling import Sampler, SamplingParams
 from specpilot.tree import DraftTree, TreeSpec, tree_mask, verify_greedy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -85,10 +86,21 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     record_margins: bool = False
     """Record the target's top-1 minus top-2 logit at each generated token (reference runs)."""
+    temperature: float = 0.0
+    """0 = greedy; > 0 = lossless speculative sampling (see :mod:`specpilot.sampling`)."""
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    """Seed of the sampling generator (None = random); ignored when greedy."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+        _ = self.sampling  # validates temperature, top_k, top_p
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
 
 @dataclass
@@ -148,7 +160,8 @@ class Engine:
             )
 
     def _ensure_cache(self, need: int) -> None:
-        if need > self.model.max_len or self.model.attention != self.attention:
+        m = self.model
+        if need > m.max_len or m.attention != self.attention or m.batch != 1:
             size = max(need, 256)
             size = -(-size // 256) * 256
             self.model.setup_cache(min(size, max(need, self.context_len)), attention=self.attention)
@@ -164,7 +177,8 @@ class Engine:
         detok: Callable[[list[int]], str] | None = None,
         on_tokens: TokenCallback | None = None,
     ) -> GenerationResult:
-        """Greedy decoding of ``prompt``; speculative when a drafter is given.
+        """Greedy decoding (or sampling, ``gen.temperature > 0``) of ``prompt``; speculative
+        when a drafter is given.
 
         ``detok`` turns generated tokens into text (needed only for stop strings).
         """
@@ -187,6 +201,7 @@ class Engine:
         res = GenerationResult(prompt_len=len(prompt), tokens=[])
         stopper = _Stopper(gen, tuple(eos_ids), detok)
         taps = tuple(drafter.hidden_layers) if drafter is not None else ()
+        sampler = Sampler(gen.sampling)
 
         t0 = time.perf_counter()
         p = len(prompt)
@@ -201,7 +216,7 @@ class Engine:
                 logits_rows=slice(p - 1, p),
                 hidden_layers=taps,
             )
-            first = int(out.logits[0, -1].argmax())
+            first = sampler.first(out.logits[0, -1])
         if gen.record_margins:
             res.margins.append(_margin(out.logits[0, -1]))
         hidden = tuple(h[0] for h in out.hidden)
@@ -221,7 +236,9 @@ class Engine:
                     tree = drafter.propose(DraftContext(committed, p, spec, hidden))
                 res.draft_s += time.perf_counter() - td
                 assert tree.size <= n_nodes, f"drafter returned {tree.size} > {n_nodes} nodes"
-            accepted, new, logits, hidden = self._step(committed[-1], cache_len, tree, taps)
+            accepted, new, logits, hidden = self._step(
+                committed[-1], cache_len, tree, taps, sampler
+            )
             res.steps += 1
             res.accept_lengths.append(len(accepted))
             res.draft_nodes.append(tree.size)
@@ -238,11 +255,16 @@ class Engine:
         return res
 
     def _step(
-        self, root: int, cache_len: int, tree: DraftTree, taps: tuple[int, ...]
+        self,
+        root: int,
+        cache_len: int,
+        tree: DraftTree,
+        taps: tuple[int, ...],
+        sampler: Sampler | None = None,
     ) -> tuple[tuple[int, ...], list[int], Tensor, tuple[Tensor, ...]]:
         """Verify ``tree`` under ``root``; commit; return (accepted path, new tokens, logits,
         hidden states of the rows now committed to the cache)."""
-        if self._fast is not None:
+        if self._fast is not None and (sampler is None or sampler.greedy):
             return self._fast.step(root, cache_len, tree, taps)
         dev = self.model.device
         n = tree.size
@@ -256,8 +278,10 @@ class Engine:
             mask[0, :, cache_len:] = tree_mask(tree).to(dev)
         out = self.model(toks, pos, cache_len, kv_len, mask, hidden_layers=taps)
         logits = out.logits[0]  # (n+1, vocab)
-        target = logits.argmax(-1).tolist()
-        acc = verify_greedy(tree, target)
+        if sampler is None or sampler.greedy:
+            acc = verify_greedy(tree, logits.argmax(-1).tolist())
+        else:
+            acc = sampler.verify(tree, logits)
         if acc.path and list(acc.path) != list(range(len(acc.path))):
             src = torch.tensor([cache_len + 1 + i for i in acc.path], device=dev)
             self.model.compact_cache(src, cache_len + 1)

@@ -134,15 +134,20 @@ class KVCache(nn.Module):
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    def write(self, slots: int | Tensor, k: Tensor, v: Tensor) -> None:
-        # k, v: (B, n_kv, T, head_dim)
+    def write(self, slots: int | Tensor, k: Tensor, v: Tensor, rows: slice | None = None) -> None:
+        # k, v: (B, n_kv, T, head_dim); rows: the B cache rows written (default: the first B)
+        kc, vc = (self.k, self.v) if rows is None else (self.k[rows], self.v[rows])
         if isinstance(slots, int):
             t = k.shape[2]
-            self.k[:, :, slots : slots + t] = k
-            self.v[:, :, slots : slots + t] = v
-        else:
-            self.k.index_copy_(2, slots, k.to(self.k.dtype))
-            self.v.index_copy_(2, slots, v.to(self.v.dtype))
+            kc[:, :, slots : slots + t] = k
+            vc[:, :, slots : slots + t] = v
+        elif slots.dim() == 1:
+            kc.index_copy_(2, slots, k.to(kc.dtype))
+            vc.index_copy_(2, slots, v.to(vc.dtype))
+        else:  # (B, T): per-row slots (batched decoding with ragged lengths)
+            b = torch.arange(k.shape[0], device=k.device)[:, None]  # (B, 1)
+            kc[b, :, slots] = k.transpose(1, 2).to(kc.dtype)  # (B, T, n_kv, head_dim)
+            vc[b, :, slots] = v.transpose(1, 2).to(vc.dtype)
 
     def compact(self, src: Tensor, dst: int) -> None:
         """Move the entries at slots ``src`` (ascending, each >= dst + i) to ``dst, dst+1, ...``."""
@@ -173,6 +178,7 @@ class Attention(nn.Module):
         slots: int | Tensor,
         kv_len: int,
         mask: Tensor | None,
+        rows: slice | None = None,
     ) -> Tensor:
         # x: (B, T, dim); cos/sin: (B, T, 1, head_dim); mask: (B, T, kv_len) bool or None
         b, t, _ = x.shape
@@ -194,9 +200,10 @@ class Attention(nn.Module):
         v = v.transpose(1, 2)
         assert self.cache is not None, "call Transformer.setup_cache() first"
         with kernel_range("attention"):
-            self.cache.write(slots, k, v)
-            keys = self.cache.k[:, :, :kv_len]
-            vals = self.cache.v[:, :, :kv_len]
+            self.cache.write(slots, k, v, rows)
+            r = slice(None) if rows is None else rows
+            keys = self.cache.k[r, :, :kv_len]
+            vals = self.cache.v[r, :, :kv_len]
             m = None if mask is None else mask.unsqueeze(1)  # (B, 1, T, kv_len)
             if self.exact:
                 o = F.scaled_dot_product_attention(
@@ -251,10 +258,11 @@ class Block(nn.Module):
         slots: int | Tensor,
         kv_len: int,
         mask: Tensor | None,
+        rows: slice | None = None,
     ) -> Tensor:
         with kernel_range("qkv"):
             a = self.input_layernorm(x)
-        h = x + self.self_attn(a, cos, sin, slots, kv_len, mask)
+        h = x + self.self_attn(a, cos, sin, slots, kv_len, mask, rows)
         with kernel_range("gate_up"):
             a = self.post_attention_layernorm(h)
         return h + self.mlp(a)
@@ -364,15 +372,18 @@ class Transformer(nn.Module):
         mask: Tensor | None = None,
         logits_rows: Tensor | slice | None = None,
         hidden_layers: tuple[int, ...] = (),
+        cache_rows: slice | None = None,
     ) -> ForwardOut:
         """Run new tokens against the cache.
 
         tokens:    (B, T) token ids
         positions: (B, T) absolute positions (RoPE); tree nodes use prefix length + depth
-        slots:     cache slots to write the new K/V to: an int (contiguous from it) or (T,) long
+        slots:     cache slots to write the new K/V to: an int (contiguous from it), (T,) long,
+                   or (B, T) long (per-row slots: batched sequences of different lengths)
         kv_len:    attend to cache slots [0, kv_len)
         mask:      (B, T, kv_len) bool, True = may attend; None = every row sees all kv_len keys
         logits_rows: which of the T rows need logits (None = all); ``slice(0, 0)`` = none
+        cache_rows: the B cache rows (batch entries) this call uses; None = all of them
         """
         assert self._cos is not None, "call setup_cache() first"
         assert tokens.shape == positions.shape, (tokens.shape, positions.shape)
@@ -385,7 +396,7 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.model.layers):
             if i in want:
                 hidden[i] = x
-            x = layer(x, cos, sin, slots, kv_len, mask)
+            x = layer(x, cos, sin, slots, kv_len, mask, cache_rows)
         with kernel_range("lm_head"):
             x = self.model.norm(x)
         if self.cfg.n_layers in want:

@@ -38,11 +38,16 @@ class DraftTree:
     """(N,) long: 1 for children of the root."""
     scores: Tensor
     """(N,) float: cumulative draft log-probability (path score) of each node."""
+    q: Tensor | None = None
+    """(N, V) float or None: the draft distribution each node's token was *sampled* from
+    (stochastic drafts, verified by recursive rejection sampling). None = deterministic drafts
+    (top-k, lookup, suffix): each token is a point mass. Greedy verification ignores it."""
 
     def __post_init__(self) -> None:
         n = self.tokens.shape[0]
         assert self.parents.shape == (n,) and self.depths.shape == (n,), "tree field shapes"
         assert self.scores.shape == (n,), "tree scores shape"
+        assert self.q is None or (self.q.dim() == 2 and self.q.shape[0] == n), "tree q shape"
 
     @property
     def size(self) -> int:
@@ -55,7 +60,10 @@ class DraftTree:
 
     @staticmethod
     def from_parents(
-        tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float] | None = None
+        tokens: Sequence[int],
+        parents: Sequence[int],
+        scores: Sequence[float] | None = None,
+        q: Tensor | None = None,
     ) -> DraftTree:
         depths: list[int] = []
         for i, p in enumerate(parents):
@@ -68,11 +76,14 @@ class DraftTree:
             torch.tensor(list(parents), dtype=torch.long),
             torch.tensor(depths, dtype=torch.long),
             torch.tensor(sc, dtype=torch.float32),
+            q,
         )
 
     @staticmethod
-    def chain(tokens: Sequence[int], scores: Sequence[float] | None = None) -> DraftTree:
-        return DraftTree.from_parents(tokens, list(range(-1, len(tokens) - 1)), scores)
+    def chain(
+        tokens: Sequence[int], scores: Sequence[float] | None = None, q: Tensor | None = None
+    ) -> DraftTree:
+        return DraftTree.from_parents(tokens, list(range(-1, len(tokens) - 1)), scores, q)
 
     def children(self) -> list[list[int]]:
         """children()[p + 1] = node indices whose parent is p (p = -1 is the root)."""
@@ -180,6 +191,7 @@ def subtree(cand: DraftTree, keep: Sequence[int]) -> DraftTree:
         torch.tensor(parents, dtype=torch.long),
         cand.depths[idx],
         cand.scores[idx],
+        None if cand.q is None else cand.q[idx],
     )
 
 

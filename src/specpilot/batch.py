@@ -1,0 +1,426 @@
+"""Batched speculative decoding: several sequences per target step, ragged acceptance.
+
+One batched cache holds every running sequence in its own row; sequences are packed into rows
+``[0, n)`` (a finished sequence's row is refilled by the last one). Each sequence keeps its own
+cache length, so a step verifies, per row, the root and that sequence's draft tree at its own
+positions and slots::
+
+    row 0  [prefix of 7 cached] root a b c       (3 draft nodes)   slots 7..10
+    row 1  [prefix of 4 cached] root x  pad pad  (1 draft node)    slots 4..5, pads -> scratch
+
+and after verification each row commits its own accepted path plus one token (ragged
+acceptance). Pad rows write to a reserved scratch slot (the last of the cache) and see only their
+own prefix; every real row sees exactly the keys it would see decoded alone, and with the
+batch-invariant kernels of :mod:`specpilot.model` (oneDNN GEMMs, fp64 attention) its logits are
+the same bits, so batched speculative greedy output equals each sequence decoded alone.
+
+Verify budget. Verification work grows with the batch, so the node budget must shrink with it
+(vLLM #6494, #19254): :class:`VerifyBudget` maps batch size to nodes per sequence, and
+:func:`allocate_nodes` spends the batch's total budget on the nodes with the highest expected gain
+across all requests (TETRIS, Wu et al. 2025): a node's gain is the probability its path is
+accepted, ``exp(score)`` with the drafter's cumulative log-probability score.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from specpilot.drafters.base import DraftContext, Drafter
+from specpilot.engine import EngineConfig, GenerationConfig, GenerationResult, TokenCallback
+from specpilot.engine import _Stopper as Stopper
+from specpilot.errors import ConfigError, ContextLengthError
+from specpilot.model import Transformer, causal_mask, kernel_range
+from specpilot.sampling import Sampler
+from specpilot.tree import DraftTree, TreeSpec, subtree, tree_mask
+
+DEFAULT_BUDGET_TABLE: tuple[tuple[int, int], ...] = ((1, 16), (2, 8), (4, 6), (8, 4), (16, 2))
+"""(batch size, draft nodes per sequence): the entry with the largest batch size <= B applies."""
+
+
+@dataclass(frozen=True)
+class VerifyBudget:
+    """Draft nodes verified per step as a function of the batch size."""
+
+    table: tuple[tuple[int, int], ...] = DEFAULT_BUDGET_TABLE
+    """(batch size, nodes per sequence) pairs, batch sizes ascending from 1; the batch's total
+    node budget is B x the entry for the largest batch size <= B."""
+
+    def __post_init__(self) -> None:
+        sizes = [b for b, _ in self.table]
+        if not self.table or sizes[0] != 1 or sizes != sorted(set(sizes)):
+            raise ConfigError(
+                f"verify budget table must start at batch size 1 with ascending sizes, "
+                f"got {list(self.table)}"
+            )
+        if any(n < 0 for _, n in self.table):
+            raise ConfigError(f"verify budget nodes must be >= 0, got {list(self.table)}")
+
+    def per_sequence(self, batch: int) -> int:
+        return next(n for b, n in reversed(self.table) if b <= max(batch, 1))
+
+    def total(self, batch: int) -> int:
+        return batch * self.per_sequence(batch)
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """Shape of the batched cache and the verify budget."""
+
+    max_batch: int = 8
+    """Sequences decoded together (rows of the cache)."""
+    max_len: int = 1024
+    """Cache slots per sequence: prompt + new tokens + draft nodes (one more is scratch)."""
+    budget: VerifyBudget = field(default_factory=VerifyBudget)
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.max_batch}")
+        if self.max_len < 8:
+            raise ConfigError(f"max_len must be >= 8 cache slots, got {self.max_len}")
+
+
+def allocate_nodes(trees: Sequence[DraftTree], total: int) -> list[DraftTree]:
+    """Keep at most ``total`` nodes over all ``trees``, the ones of highest expected gain.
+
+    The gain of a node is ``exp(score)`` (its path's acceptance probability under the drafter);
+    ties go to the shallower node, then round-robin over the requests. A node is kept only with
+    its ancestors, so every kept tree stays ancestor-closed.
+
+    >>> a = DraftTree.chain([1, 2, 3], [-0.1, -0.2, -2.0])
+    >>> b = DraftTree.chain([7, 8], [-0.5, -0.6])
+    >>> [t.tokens.tolist() for t in allocate_nodes([a, b], 4)]
+    [[1, 2], [7, 8]]
+    """
+    cands = []
+    for r, t in enumerate(trees):
+        depths = t.depths.tolist()
+        for i, s in enumerate(t.scores.tolist()):
+            cands.append((-math.exp(s), depths[i], i, r))
+    cands.sort()
+    keep: list[set[int]] = [set() for _ in trees]
+    parents = [t.parents.tolist() for t in trees]
+    used = 0
+    for _, _, i, r in cands:
+        if used >= total:
+            break
+        missing = []
+        node = i
+        while node >= 0 and node not in keep[r]:
+            missing.append(node)
+            node = parents[r][node]
+        if used + len(missing) <= total:
+            keep[r].update(missing)
+            used += len(missing)
+    return [
+        t if len(k) == t.size else subtree(t, sorted(k)) for t, k in zip(trees, keep, strict=True)
+    ]
+
+
+@dataclass
+class BatchRequest:
+    """One sequence to decode in a batch."""
+
+    prompt: list[int]
+    gen: GenerationConfig
+    drafter: Drafter | None = None
+    spec: TreeSpec | None = None
+    on_tokens: TokenCallback | None = None
+    """Called from the decoding thread with each step's newly committed tokens."""
+
+
+@dataclass
+class Slot:
+    """A running sequence: its row of the cache, committed tokens and result so far."""
+
+    req: BatchRequest
+    row: int
+    committed: list[int]
+    res: GenerationResult
+    sampler: Sampler
+    stopper: Stopper
+    spec: TreeSpec
+    hidden: tuple[Tensor, ...] = ()
+    t_admit: float = 0.0
+    done: bool = False
+
+    @property
+    def cache_len(self) -> int:
+        """Committed tokens in the cache (the root, ``committed[-1]``, is not yet)."""
+        return len(self.committed) - 1
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one batched target step did (for metrics)."""
+
+    batch: int
+    nodes: int
+    """Draft nodes verified over the batch."""
+    accepted: tuple[int, ...]
+    """Accepted draft tokens per sequence."""
+    seconds: float
+
+
+class BatchEngine:
+    """Owns the target model and a batched cache; steps all running sequences together.
+
+    Single-threaded: one thread calls :meth:`add`, :meth:`step` and :meth:`remove`.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        cfg: EngineConfig | None = None,
+        bcfg: BatchConfig | None = None,
+        eos_ids: Sequence[int] = (),
+        detok: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        self.cfg = cfg or EngineConfig()
+        self.bcfg = bcfg or BatchConfig()
+        if self.cfg.threads is not None:
+            torch.set_num_threads(self.cfg.threads)
+        self.model = model
+        self.attention = self.cfg.resolved_attention
+        model.prepack(self.cfg.linear)
+        self.max_len = min(self.bcfg.max_len, model.cfg.max_position + 1)
+        self.eos_ids = tuple(eos_ids)
+        self.detok = detok
+        self.slots: list[Slot] = []
+
+    # -- admission -----------------------------------------------------------------------------
+
+    @property
+    def free(self) -> int:
+        return self.bcfg.max_batch - len(self.slots)
+
+    def check(self, req: BatchRequest, drafted: bool | None = None) -> None:
+        """Raise ContextLengthError / ConfigError if ``req`` can never run here. ``drafted``:
+        whether a drafter will be attached (default: whether ``req`` has one now)."""
+        if not req.prompt:
+            raise ConfigError("empty prompt")
+        if drafted is None:
+            drafted = req.drafter is not None
+        nodes = (req.spec or TreeSpec()).max_nodes if drafted else 0
+        need = len(req.prompt) + req.gen.max_new_tokens + nodes + 1
+        if need > self.max_len - 1:
+            raise ContextLengthError(
+                f"prompt of {len(req.prompt)} tokens + {req.gen.max_new_tokens} new tokens "
+                f"(+ {nodes} draft nodes) exceeds the {self.max_len - 1} cache slots per "
+                "sequence; shorten the prompt or lower max_tokens"
+            )
+        if req.gen.stop_strings and self.detok is None:
+            raise ConfigError("stop strings need a detokenizer")
+
+    def _ensure_cache(self) -> None:
+        m = self.model
+        if (
+            m.batch != self.bcfg.max_batch
+            or m.max_len < self.max_len
+            or m.attention != (self.attention)
+        ):
+            m.setup_cache(self.max_len, batch=self.bcfg.max_batch, attention=self.attention)
+
+    @torch.no_grad()
+    def add(self, req: BatchRequest) -> Slot:
+        """Prefill ``req`` into a free row and return its slot (which may already be done)."""
+        self.check(req)
+        if self.free <= 0:
+            raise ConfigError("no free row in the batch; wait for a sequence to finish")
+        self._ensure_cache()
+        prompt, dev = list(req.prompt), self.model.device
+        spec = req.spec or TreeSpec()
+        slot = Slot(
+            req,
+            len(self.slots),
+            [],
+            GenerationResult(prompt_len=len(prompt), tokens=[]),
+            Sampler(req.gen.sampling),
+            Stopper(req.gen, self.eos_ids, self.detok),
+            spec,
+            t_admit=time.perf_counter(),
+        )
+        taps = tuple(req.drafter.hidden_layers) if req.drafter is not None else ()
+        p = len(prompt)
+        with kernel_range("prefill"):
+            out = self.model(
+                torch.tensor([prompt], device=dev),
+                torch.arange(p, device=dev)[None],
+                0,
+                p,
+                causal_mask(0, p, p, dev),
+                logits_rows=slice(p - 1, p),
+                hidden_layers=taps,
+                cache_rows=slice(slot.row, slot.row + 1),
+            )
+            first = slot.sampler.first(out.logits[0, -1])
+        slot.hidden = tuple(h[0] for h in out.hidden)
+        slot.res.prefill_s = time.perf_counter() - slot.t_admit
+        slot.committed = [*prompt, first]
+        if req.drafter is not None:
+            req.drafter.begin(prompt)
+        self.slots.append(slot)
+        slot.done = slot.stopper.push(slot.res, [first], req.on_tokens)
+        if slot.done:
+            self.remove(slot)
+        return slot
+
+    def remove(self, slot: Slot) -> None:
+        """Drop a sequence (finished or cancelled); the last row moves into its place."""
+        if slot not in self.slots:
+            return
+        last = self.slots[-1]
+        if last is not slot:
+            n = last.cache_len
+            for layer in self.model.model.layers:
+                c = layer.self_attn.cache
+                c.k[slot.row, :, :n] = c.k[last.row, :, :n]
+                c.v[slot.row, :, :n] = c.v[last.row, :, :n]
+            last.row = slot.row
+            self.slots[slot.row] = last
+        self.slots.pop()
+        drafter = slot.req.drafter
+        if drafter is not None:
+            drafter.finish(slot.committed[: slot.res.prompt_len + len(slot.res.tokens)])
+
+    # -- one batched step ----------------------------------------------------------------------
+
+    def _propose(self) -> list[DraftTree]:
+        trees = []
+        for s in self.slots:
+            tree = DraftTree.empty()
+            d = s.req.drafter
+            if d is not None:
+                td = time.perf_counter()
+                with kernel_range("drafter"):
+                    ctx = DraftContext(s.committed, s.res.prompt_len, s.spec, s.hidden)
+                    tree = d.propose(ctx)
+                s.res.draft_s += time.perf_counter() - td
+                assert tree.size <= s.spec.max_nodes, "drafter returned too many nodes"
+            trees.append(tree)
+        if any(t.size for t in trees):
+            trees = allocate_nodes(trees, self.bcfg.budget.total(len(self.slots)))
+        return trees
+
+    @torch.no_grad()
+    def step(self) -> tuple[list[Slot], StepStats]:
+        """Draft, verify, accept and commit one step for every running sequence.
+
+        Returns the sequences that finished in this step (already removed) and the step's stats.
+        """
+        t0 = time.perf_counter()
+        if not self.slots:
+            return [], StepStats(0, 0, (), 0.0)
+        self._ensure_cache()
+        slots = list(self.slots)
+        trees = self._propose()
+        b, dev = len(slots), self.model.device
+        t = 1 + max(tr.size for tr in trees)
+        scratch = self.max_len - 1
+        toks = torch.zeros(b, t, dtype=torch.long)  # (B, T): root, nodes, pads
+        pos = torch.zeros(b, t, dtype=torch.long)  # (B, T)
+        where = torch.full((b, t), scratch, dtype=torch.long)  # (B, T) cache slots
+        kv_len = max(s.cache_len + tr.size + 1 for s, tr in zip(slots, trees, strict=True))
+        mask = torch.zeros(b, t, kv_len, dtype=torch.bool)  # (B, T, kv_len)
+        for r, (s, tr) in enumerate(zip(slots, trees, strict=True)):
+            c, n = s.cache_len, tr.size
+            toks[r, 0] = s.committed[-1]
+            toks[r, 1 : n + 1] = tr.tokens
+            pos[r, : n + 1] = c + torch.cat([torch.zeros(1, dtype=torch.long), tr.depths])
+            pos[r, n + 1 :] = c
+            where[r, : n + 1] = torch.arange(c, c + n + 1)
+            mask[r, :, :c] = True
+            mask[r, : n + 1, c : c + n + 1] = tree_mask(tr)
+            mask[r, n + 1 :, c] = True  # pads see the prefix and the root
+        taps = tuple(
+            sorted({i for s in slots if s.req.drafter for i in s.req.drafter.hidden_layers})
+        )
+        out = self.model(
+            toks.to(dev),
+            pos.to(dev),
+            where.to(dev),
+            kv_len,
+            mask.to(dev),
+            hidden_layers=taps,
+            cache_rows=slice(0, b),
+        )
+        logits = out.logits  # (B, T, vocab)
+        finished: list[Slot] = []
+        accepted: list[int] = []
+        for r, (s, tr) in enumerate(zip(slots, trees, strict=True)):
+            acc = s.sampler.verify(tr, logits[r, : tr.size + 1])
+            self._compact(s, acc.path)
+            rows = [0, *(i + 1 for i in acc.path)]
+            want = s.req.drafter.hidden_layers if s.req.drafter else ()
+            s.hidden = tuple(out.hidden[taps.index(i)][r, rows] for i in want)
+            s.res.steps += 1
+            s.res.accept_lengths.append(len(acc.path))
+            s.res.draft_nodes.append(tr.size)
+            accepted.append(len(acc.path))
+            new = list(acc.tokens)
+            s.committed.extend(new)
+            if s.stopper.push(s.res, new, s.req.on_tokens):
+                finished.append(s)
+        now = time.perf_counter()
+        for s in finished:
+            s.done = True
+            s.res.decode_s = now - s.t_admit - s.res.prefill_s
+            self.remove(s)
+        nodes = sum(tr.size for tr in trees)
+        return finished, StepStats(b, nodes, tuple(accepted), now - t0)
+
+    def _compact(self, s: Slot, path: tuple[int, ...]) -> None:
+        if not path or list(path) == list(range(len(path))):
+            return
+        c = s.cache_len
+        src = torch.tensor([c + 1 + i for i in path], device=self.model.device)
+        m = len(path)
+        for layer in self.model.model.layers:
+            cache = layer.self_attn.cache
+            for buf in (cache.k[s.row], cache.v[s.row]):  # (n_kv, max_len, head_dim) views
+                buf[:, c + 1 : c + 1 + m] = buf.index_select(1, src)
+
+
+@dataclass
+class BatchOutput:
+    """One request's result from :func:`run_batch`."""
+
+    result: GenerationResult
+    latency_s: float
+    """From the start of the run to the request's last token (queueing included)."""
+    wait_s: float
+    """From the start of the run to admission (prefill)."""
+
+
+def run_batch(
+    engine: BatchEngine,
+    requests: Sequence[BatchRequest],
+    on_step: Callable[[StepStats], None] | None = None,
+) -> list[BatchOutput]:
+    """Decode all ``requests``, continuously batched: a free row is refilled before each step."""
+    for req in requests:
+        engine.check(req)
+    t0 = time.perf_counter()
+    pending = list(enumerate(requests))
+    slots: dict[int, Slot] = {}
+    waits: dict[int, float] = {}
+    ends: dict[int, float] = {}
+    while pending or engine.slots:
+        while pending and engine.free > 0:
+            i, req = pending.pop(0)
+            waits[i] = time.perf_counter() - t0
+            slots[i] = engine.add(req)
+            if slots[i].done:
+                ends[i] = time.perf_counter() - t0
+        done, stats = engine.step()
+        if on_step is not None and stats.batch:
+            on_step(stats)
+        for s in done:
+            i = next(k for k, v in slots.items() if v is s)
+            ends[i] = time.perf_counter() - t0
+    return [BatchOutput(slots[i].res, ends[i], waits[i]) for i in range(len(requests))]

@@ -1,0 +1,14 @@
+"""``specpilot serve``: an OpenAI-compatible HTTP server over the batched engine.
+
+:mod:`~specpilot.server.app` (FastAPI routes, OpenAI bodies and errors),
+:mod:`~specpilot.server.scheduler` (continuous batching on one worker thread),
+:mod:`~specpilot.server.metrics` (Prometheus), :mod:`~specpilot.server.protocol` (request
+validation).
+"""
+
+from __future__ import annotations
+
+from specpilot.server.app import create_app
+from specpilot.server.scheduler import Scheduler
+
+__all__ = ["Scheduler", "create_app"]

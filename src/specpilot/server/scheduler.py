@@ -1,0 +1,197 @@
+"""Continuous batching: one worker thread owns the :class:`~specpilot.batch.BatchEngine`.
+
+Request handlers (on the asyncio event loop) submit jobs; before every batched step the worker
+drops cancelled jobs, admits waiting jobs into free rows (prefill), then runs one step for all
+running sequences. New tokens go back to each job's asyncio queue through
+``loop.call_soon_threadsafe``, as ``Event`` objects. The worker never raises across the thread
+boundary: a failing request gets an ``error`` event, and the engine keeps serving the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from specpilot.batch import BatchEngine, BatchRequest, Slot
+from specpilot.drafters.base import Drafter
+from specpilot.engine import GenerationConfig, GenerationResult
+from specpilot.server.metrics import ServerMetrics
+from specpilot.tree import TreeSpec
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a job's queue receives: new tokens, the final result, or an error."""
+
+    kind: str
+    """"tokens", "done" or "error"."""
+    tokens: tuple[int, ...] = ()
+    result: GenerationResult | None = None
+    error: str = ""
+
+
+@dataclass
+class Job:
+    """One request travelling between the event loop and the worker."""
+
+    prompt: list[int]
+    gen: GenerationConfig
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    t_arrival: float = field(default_factory=time.perf_counter)
+    t_first: float | None = None
+    slot: Slot | None = None
+
+    def post(self, ev: Event) -> None:
+        """Deliver ``ev`` on the job's event loop (callable from any thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, ev)
+        except RuntimeError:  # the loop is closed: the client is gone
+            self.cancelled.set()
+
+
+class Scheduler:
+    """Owns the worker thread; ``submit`` and ``cancel`` are safe from any thread."""
+
+    def __init__(
+        self,
+        engine: BatchEngine,
+        make_drafter: Callable[[], Drafter | None] | None = None,
+        spec: TreeSpec | None = None,
+        metrics: ServerMetrics | None = None,
+    ) -> None:
+        self.engine = engine
+        self.drafting = make_drafter is not None
+        self.make_drafter = make_drafter or (lambda: None)
+        self.spec = spec or TreeSpec(kind="chain")
+        self.metrics = metrics or ServerMetrics()
+        self._inbox: queue.Queue[Job] = queue.Queue()
+        self._waiting: deque[Job] = deque()
+        self._running: dict[int, Job] = {}
+        """id(slot) -> job."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- called from the event loop ------------------------------------------------------------
+
+    def request(self, prompt: list[int], gen: GenerationConfig) -> BatchRequest:
+        """The batch request for ``prompt`` (raises ContextLengthError if it cannot fit)."""
+        req = BatchRequest(prompt, gen, None, self.spec)
+        self.engine.check(req, drafted=self.drafting)
+        return req
+
+    def submit(self, job: Job) -> None:
+        self.request(job.prompt, job.gen)
+        self._inbox.put(job)
+        self.metrics.queue_depth.inc()
+
+    def cancel(self, job: Job) -> None:
+        job.cancelled.set()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="specpilot-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- the worker ----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            idle = not self._waiting and not self.engine.slots
+            try:
+                job = self._inbox.get(timeout=0.05) if idle else self._inbox.get_nowait()
+                self._waiting.append(job)
+                while True:
+                    self._waiting.append(self._inbox.get_nowait())
+            except queue.Empty:
+                pass
+            self._drop_cancelled()
+            self._admit()
+            if self.engine.slots:
+                self._step()
+        for job in [*self._waiting, *self._running.values()]:
+            job.post(Event("error", error="the server is shutting down"))
+
+    def _drop_cancelled(self) -> None:
+        for job in [j for j in self._waiting if j.cancelled.is_set()]:
+            self._waiting.remove(job)
+            self.metrics.queue_depth.dec()
+            self.metrics.requests.labels(outcome="cancelled").inc()
+        for key, job in list(self._running.items()):
+            if job.cancelled.is_set() and job.slot is not None:
+                self.engine.remove(job.slot)
+                del self._running[key]
+                self.metrics.running.dec()
+                self.metrics.requests.labels(outcome="cancelled").inc()
+
+    def _admit(self) -> None:
+        while self._waiting and self.engine.free > 0:
+            job = self._waiting.popleft()
+            self.metrics.queue_depth.dec()
+            req = BatchRequest(job.prompt, job.gen, None, self.spec, on_tokens=self._on_tokens(job))
+            try:
+                req.drafter = self.make_drafter()
+                slot = self.engine.add(req)
+            except Exception as e:  # one bad request must not stop the server
+                job.post(Event("error", error=f"{type(e).__name__}: {e}"))
+                self.metrics.requests.labels(outcome="error").inc()
+                continue
+            self.metrics.prompt_tokens.inc(len(job.prompt))
+            job.slot = slot
+            if slot.done:
+                self._finish(job)
+            else:
+                self._running[id(slot)] = job
+                self.metrics.running.inc()
+
+    def _on_tokens(self, job: Job) -> Callable[[list[int]], None]:
+        def push(toks: list[int]) -> None:
+            if job.t_first is None:
+                job.t_first = time.perf_counter()
+                self.metrics.ttft.observe(job.t_first - job.t_arrival)
+            self.metrics.generated_tokens.inc(len(toks))
+            job.post(Event("tokens", tuple(toks)))
+
+        return push
+
+    def _step(self) -> None:
+        try:
+            finished, stats = self.engine.step()
+        except Exception as e:  # fail the running requests, keep serving new ones
+            for job in self._running.values():
+                if job.slot is not None:
+                    self.engine.remove(job.slot)
+                job.post(Event("error", error=f"{type(e).__name__}: {e}"))
+                self.metrics.requests.labels(outcome="error").inc()
+            self.metrics.running.set(0)
+            self._running.clear()
+            return
+        self.metrics.observe_step(stats)
+        for slot in finished:
+            job = self._running.pop(id(slot), None)
+            if job is not None:
+                self.metrics.running.dec()
+                self._finish(job)
+
+    def _finish(self, job: Job) -> None:
+        assert job.slot is not None
+        self.metrics.latency.observe(time.perf_counter() - job.t_arrival)
+        self.metrics.requests.labels(outcome="ok").inc()
+        job.post(Event("done", result=job.slot.res))

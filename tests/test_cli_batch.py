@@ -1,0 +1,45 @@
+"""CLI: ``bench --batch-size`` end to end on a tiny model directory; ``serve`` flag validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specpilot.cli import main
+from specpilot.cli_serve import parse_budget_table
+from specpilot.errors import ConfigError
+
+from .test_cli import GOOD, _prompts
+from .test_loading import make_model, save_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_dir(tmp_path_factory.mktemp("cli_batch") / "tiny", make_model("llama-tied", seed=2))
+
+
+def test_bench_batch_size_json(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "batch.json"
+    lines = [*GOOD, json.dumps({"id": "c", "prompt": "a b a b a b a b", "chat": False})]
+    argv = ["bench", "--model", str(model_dir), "--prompts", str(_prompts(tmp_path, lines))]
+    argv += ["--max-new-tokens", "16", "--drafter", "lookup", "--batch-size", "2", "--threads", "1"]
+    assert main([*argv, "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["batch_size"] == 2 and d["n_prompts"] == 3 and d["lossless"] is True
+    ar, (spec,) = d["ar"], d["candidates"]
+    assert ar["tok_s"] > 0 and spec["tok_s"] > 0 and spec["speedup"] > 0
+    assert spec["mismatches"] == 0 and spec["tau"] >= 1.0
+    assert 0 < ar["latency_p50_s"] <= ar["latency_p99_s"]
+
+
+def test_serve_rejects_bad_flags(model_dir: Path, tmp_path: Path) -> None:
+    base = ["serve", "--model", str(model_dir)]
+    assert main([*base, "--port", "0"]) == 2
+    assert main([*base, "--budget-table", "2:4"]) == 2
+    assert main([*base, "--max-batch", "0"]) == 2
+    assert main([*base, "--plan", str(tmp_path / "missing.json")]) == 2
+    assert parse_budget_table("1:16, 4:8") == ((1, 16), (4, 8))
+    with pytest.raises(ConfigError):
+        parse_budget_table("1-16")
