@@ -128,6 +128,7 @@ def test_verify_budget_table() -> None:
     b = VerifyBudget(((1, 10), (4, 3), (8, 1)))
     assert [b.per_sequence(n) for n in (1, 2, 4, 7, 8, 64)] == [10, 10, 3, 3, 1, 1]
     assert b.total(6) == 18
+    assert VerifyBudget.from_table({4: 2}, 8) == VerifyBudget(((1, 8), (4, 2)))
     for bad in (((2, 4),), ((1, 4), (1, 2)), ((1, -1),), ()):
         with pytest.raises(ConfigError):
             VerifyBudget(bad)

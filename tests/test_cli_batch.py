@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from specpilot.batch import VerifyBudget
+from specpilot.bench_batch import plan_budget
 from specpilot.cli import main
 from specpilot.cli_serve import parse_budget_table
 from specpilot.errors import ConfigError
+from specpilot.plan import Plan, save_plan
+from specpilot.tree import TreeSpec
 
 from .test_cli import GOOD, _prompts
 from .test_loading import make_model, save_dir
@@ -43,3 +47,20 @@ def test_serve_rejects_bad_flags(model_dir: Path, tmp_path: Path) -> None:
     assert parse_budget_table("1:16, 4:8") == ((1, 16), (4, 8))
     with pytest.raises(ConfigError):
         parse_budget_table("1-16")
+
+
+def test_bench_batch_size_with_a_plan_budget_table(model_dir: Path, tmp_path: Path) -> None:
+    plan = Plan(
+        drafter="lookup",
+        tree=TreeSpec(kind="chain", k=4),
+        options={"batch_budget": {"2": 2, "4": 1}},
+    )
+    path = save_plan(plan, tmp_path / "plan.json")
+    assert plan_budget(str(path), 4) == VerifyBudget(((1, 4), (2, 2), (4, 1)))
+    assert plan_budget(None, 4) is None
+    out = tmp_path / "batch.json"
+    argv = ["bench", "--model", str(model_dir), "--plan", str(path), "--batch-size", "2"]
+    argv += ["--prompts", str(_prompts(tmp_path, GOOD)), "--max-new-tokens", "12"]
+    assert main([*argv, "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["lossless"] is True and d["candidates"][0]["mean_draft_nodes"] <= 2.0

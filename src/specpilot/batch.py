@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +60,14 @@ class VerifyBudget:
             )
         if any(n < 0 for _, n in self.table):
             raise ConfigError(f"verify budget nodes must be >= 0, got {list(self.table)}")
+
+    @staticmethod
+    def from_table(table: Mapping[int, int], default: int) -> VerifyBudget:
+        """From a plan's ``batch_budget`` table (batch size -> nodes per sequence); batch sizes
+        below its smallest entry get ``default`` (e.g. the tree's own node count)."""
+        pairs = {int(b): int(n) for b, n in table.items()}
+        pairs.setdefault(1, default)
+        return VerifyBudget(tuple(sorted(pairs.items())))
 
     def per_sequence(self, batch: int) -> int:
         return next(n for b, n in reversed(self.table) if b <= max(batch, 1))

@@ -18,7 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specpilot.batch import BatchConfig, BatchEngine, BatchOutput, BatchRequest, run_batch
+from specpilot.batch import (
+    BatchConfig,
+    BatchEngine,
+    BatchOutput,
+    BatchRequest,
+    VerifyBudget,
+    run_batch,
+)
 from specpilot.bench import Candidate
 from specpilot.engine import GenerationConfig
 from specpilot.errors import ConfigError
@@ -174,8 +181,27 @@ def run_batch_bench(
 
 
 def batch_config_for(
-    batch_size: int, prompts: Sequence[list[int]], max_new: int, max_nodes: int
+    batch_size: int,
+    prompts: Sequence[list[int]],
+    max_new: int,
+    max_nodes: int,
+    budget: VerifyBudget | None = None,
 ) -> BatchConfig:
     """A cache just large enough for the longest prompt + max_new + a draft tree (+ scratch)."""
     longest = max((len(p) for p in prompts), default=1)
-    return BatchConfig(max_batch=batch_size, max_len=longest + max_new + max_nodes + 3)
+    return BatchConfig(
+        max_batch=batch_size,
+        max_len=longest + max_new + max_nodes + 3,
+        budget=budget or VerifyBudget(),
+    )
+
+
+def plan_budget(plan_path: str | None, max_nodes: int) -> VerifyBudget | None:
+    """The verify budget of a plan's ``batch_budget`` option (None without a plan or option)."""
+    if not plan_path:
+        return None
+    from specpilot.plan import load_plan
+    from specpilot.runtime import plan_options
+
+    opt = plan_options(load_plan(plan_path)).get("batch_budget")
+    return None if opt is None else VerifyBudget.from_table(opt.table, max(max_nodes, 1))

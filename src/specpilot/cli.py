@@ -383,7 +383,12 @@ def _bench_batch(
     from rich.table import Table
 
     from specpilot.batch import BatchEngine
-    from specpilot.bench_batch import BatchBenchConfig, batch_config_for, run_batch_bench
+    from specpilot.bench_batch import (
+        BatchBenchConfig,
+        batch_config_for,
+        plan_budget,
+        run_batch_bench,
+    )
 
     if args.peers:
         raise ConfigError("--peers is not available with --batch-size")
@@ -394,7 +399,10 @@ def _bench_batch(
         stop_on_eos=not args.ignore_eos,
     )
     nodes = max((c.spec.max_nodes for c in candidates), default=0)
-    bcfg = batch_config_for(cfg.batch_size, [p for _, p in encoded], cfg.max_new_tokens, nodes)
+    budget = plan_budget(getattr(args, "plan", None), nodes)  # the plan's batch_budget table
+    bcfg = batch_config_for(
+        cfg.batch_size, [p for _, p in encoded], cfg.max_new_tokens, nodes, budget
+    )
     tok = loaded.tokenizer
     beng = BatchEngine(loaded.model, engine.cfg, bcfg, eos_ids=tok.eos_ids, detok=tok.decode)
     console = progress_console()

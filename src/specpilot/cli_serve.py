@@ -8,6 +8,7 @@ told otherwise.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from specpilot.cli import _drafter_args, _model_args, _plan_args
@@ -90,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
         loaded, engine, candidates, _ = _setup(args)
     cand = candidates[0] if candidates else None
     make = cand.make_drafter if cand else None
+    if args.plan and not table:  # the plan's batch_budget table, when it has one
+        from specpilot.bench_batch import plan_budget
+
+        budget = plan_budget(args.plan, cand.spec.max_nodes if cand else 0)
+        bcfg = replace(bcfg, budget=budget or bcfg.budget)
     tok = loaded.tokenizer
     beng = BatchEngine(loaded.model, engine.cfg, bcfg, eos_ids=tok.eos_ids, detok=tok.decode)
     sched = Scheduler(beng, make, cand.spec if cand else None, ServerMetrics())
