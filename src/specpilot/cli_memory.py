@@ -1,0 +1,92 @@
+"""``specpilot memory list|show|export|import``: inspect and share the mechanism memory.
+
+``export`` writes JSON keyed by context and idempotency keys (portable between machines);
+``import`` merges such a file (entries already present are skipped, so importing twice changes
+nothing). The database is never replaced or truncated by these commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from specpilot.errors import ConfigError
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "memory",
+        help="list, show, export or import mechanism memory",
+        description="Inspect and share the pilot's mechanism memory (SQLite).",
+    )
+    p.add_argument("action", choices=["list", "show", "export", "import"])
+    p.add_argument("target", nargs="?", default=None,
+                   help="show: effect id or mechanism id; export/import: JSON file "
+                   "(export: default stdout)")  # fmt: skip
+    p.add_argument("--memory", default="~/.cache/specpilot/memory.sqlite",
+                   help="memory database (default: %(default)s)")  # fmt: skip
+    p.add_argument("--limit", type=int, default=50, help="list: rows to show")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from specpilot.pilot.memory import Memory
+
+    path = Path(args.memory).expanduser()
+    if args.action != "import" and not path.exists():
+        raise ConfigError(f"--memory {path}: no memory database there yet (run optimize first)")
+    mem = Memory(path)
+    try:
+        if args.action == "list":
+            _list(mem, args.limit)
+        elif args.action == "show":
+            if not args.target:
+                raise ConfigError("memory show needs an effect id or a mechanism id")
+            print(json.dumps(mem.show(args.target), indent=2, default=str))
+        elif args.action == "export":
+            doc = json.dumps(mem.export(), indent=2, sort_keys=True) + "\n"
+            if args.target:
+                Path(args.target).write_text(doc)
+            else:
+                sys.stdout.write(doc)
+        else:
+            if not args.target:
+                raise ConfigError("memory import needs a JSON file (from memory export)")
+            try:
+                doc = json.loads(Path(args.target).read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise ConfigError(f"memory import: cannot read {args.target}: {e}") from None
+            added = mem.import_json(doc)
+            print("imported: " + ", ".join(f"{v} {k}" for k, v in added.items()))
+    finally:
+        mem.close()
+    return 0
+
+
+def _list(mem: Any, limit: int) -> None:
+    from rich.table import Table
+
+    rows = mem.list_entries(limit)
+    counts = mem.counts()
+    t = Table(title=f"mechanism memory: {mem.path} ("
+              + ", ".join(f"{v} {k}" for k, v in counts.items()) + ")")  # fmt: skip
+    for col in ("id", "mechanism", "params", "speedup", "context", "kind", "factor deltas"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        ctx = f"{r['arch']} {r['params_m']:.0f}M {r['drafter_kind']} {r['device']} {r['dtype']} " \
+              f"b{r['batch_size']}"  # fmt: skip
+        deltas = json.loads(r["factor_deltas"] or "{}")
+        t.add_row(str(r["id"]), r["mechanism_id"], r["params"],
+                  f"{r['speedup']:.3f} ± {r['spread']:.3f}", ctx, r["kind"],
+                  ", ".join(f"{k} {v:+.2f}" for k, v in deltas.items()))  # fmt: skip
+    _console().print(t)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 160)

@@ -1,0 +1,238 @@
+"""``specpilot optimize``: the pilot loop on the command line (renders; the loop is
+:mod:`specpilot.pilot.coordinator`).
+
+With no arguments it runs on the embedded default model, the default plan and the default
+workloads (HumanEval and chat) for at most ``--budget-minutes`` and writes ``DIR/plan.json``,
+``DIR/rounds.jsonl`` and ``DIR/report.html``. ``--resume DIR`` continues a run that was stopped
+or killed; no finished trial is run twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from specpilot.cli import DEFAULT_MODEL, progress_console
+from specpilot.errors import ConfigError
+
+DESCRIPTION = (
+    "Optimize a decoding plan: each round profiles the current plan (tau / kernel / overhead), "
+    "explores mechanisms for the largest factor in token-forced, parent-timed trial "
+    "subprocesses, and keeps only lossless changes faster than the measured spread."
+)
+DEFAULT_WORKLOADS = ("humaneval", "chat")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("optimize", help="the pilot loop: find a faster lossless plan",
+                              description=DESCRIPTION)  # fmt: skip
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    p.add_argument("--drafter", default=None, help="start plan's drafter (default: the plan's)")
+    p.add_argument("--start-plan", default=None, help="plan.json (or a run dir) to start from")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--workload", action="append", default=None,
+                     help="humaneval or chat, repeatable (default: both)")  # fmt: skip
+    src.add_argument("--prompts", default=None, help="JSONL prompts file")
+    p.add_argument("--limit", type=int, default=20, help="prompts per workload (default: 20)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--budget-minutes", type=float, default=17.0,
+                   help="wall-clock budget of the run (default: %(default)s)")  # fmt: skip
+    p.add_argument("--out", default=None, help="run directory (default: runs/optimize-<time>)")
+    p.add_argument("--memory", default="~/.cache/specpilot/memory.sqlite",
+                   help="mechanism memory database (default: %(default)s)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=None,
+                   help="parallel trials (default: 1 on CPU, one per GPU)")  # fmt: skip
+    p.add_argument("--executor", default="local", choices=["local", "ray"])
+    p.add_argument("--resume", default=None, metavar="DIR", help="continue the run in DIR")
+    p.add_argument("--candidates", type=int, default=4, help="candidates per round")
+    p.add_argument("--max-rounds", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mechanisms", action="append", default=[], metavar="MODULE",
+                   help="extra module exposing MECHANISMS (repeatable)")  # fmt: skip
+    p.add_argument("--no-registry", action="store_true",
+                   help="explore only the --mechanisms modules' mechanisms")  # fmt: skip
+    p.add_argument("--python-path", action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
+                   help="set any OptimizeConfig field, e.g. --set timed_rounds=5")  # fmt: skip
+    p.add_argument("--memory-limit-gb", type=float, default=8.0,
+                   help="address-space limit of each trial process (0 = none)")  # fmt: skip
+    p.add_argument("--trial-timeout", type=float, default=600.0,
+                   help="seconds of child time one trial may use")  # fmt: skip
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return p
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from specpilot.pilot.config import OptimizeConfig
+    from specpilot.pilot.trial import TrialLimits
+    from specpilot.plan import load_plan
+    from specpilot.workloads import load_workload
+
+    if args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    workers = args.workers
+    if workers is None:
+        import torch
+
+        workers = torch.cuda.device_count() if args.device.startswith("cuda") else 1
+    out = args.resume or args.out or f"runs/optimize-{time.strftime('%Y%m%d-%H%M%S')}"
+    texts: list[tuple[str, str, bool]] = []
+    if not args.resume:
+        if args.prompts:
+            ps = load_workload(prompts_file=args.prompts)
+            texts = [(p.id, p.text, p.chat) for p in ps]
+        else:
+            for w in args.workload or DEFAULT_WORKLOADS:
+                texts += [(p.id, p.text, p.chat) for p in load_workload(w, limit=args.limit)]
+    start = load_plan(args.start_plan).to_json() if args.start_plan else None
+    mem = args.memory_limit_gb
+    limits = TrialLimits(
+        trial_timeout_s=args.trial_timeout,
+        memory_bytes=0 if mem <= 0 or args.device.startswith("cuda") else int(mem * (1 << 30)),
+    )
+    extra: dict[str, Any] = {}
+    for item in args.set:
+        name, sep, raw = item.partition("=")
+        if not sep or name not in OptimizeConfig.__dataclass_fields__:
+            raise ConfigError(f"--set {item!r}: expected FIELD=JSON with an OptimizeConfig field")
+        try:
+            extra[name] = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--set {item!r}: the value is not JSON ({e})") from None
+    if "limits" in extra:
+        extra["limits"] = TrialLimits(**{**asdict(limits), **extra["limits"]})
+    fields = dict(
+        out=str(out), model=args.model, memory=args.memory, texts=tuple(texts),
+        start_plan=start, drafter=args.drafter, budget_minutes=args.budget_minutes,
+        workers=workers, executor=args.executor, device=args.device, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, candidates_per_round=args.candidates,
+        max_rounds=args.max_rounds, limits=limits, modules=tuple(args.mechanisms),
+        python_path=tuple(args.python_path), registry=not args.no_registry,
+    )  # fmt: skip
+    fields.update(extra)
+    return OptimizeConfig(**fields)
+
+
+class _View:
+    """Progress bar over the budget and a live table of the current round."""
+
+    def __init__(self, console: Any, budget_s: float) -> None:
+        from rich.live import Live
+
+        self.console = console
+        self.budget_s = budget_s
+        self.rows: dict[str, list[str]] = {}
+        self.head = "starting"
+        self.t0 = time.monotonic()
+        self.elapsed0 = 0.0
+        self.live = Live(self._render(), console=console, refresh_per_second=2, transient=False)
+
+    def _render(self) -> Any:
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        used = self.elapsed0 + time.monotonic() - self.t0
+        t = Table(title=self.head, expand=False)
+        for col in ("mechanism", "params", "from", "status", "speedup", "reason"):
+            t.add_column(col, overflow="fold", max_width=40 if col == "reason" else None)
+        for row in self.rows.values():
+            t.add_row(*row)
+        bar = ProgressBar(total=self.budget_s, completed=min(used, self.budget_s), width=60)
+        return Group(f"budget {used / 60:.1f} / {self.budget_s / 60:.1f} min", bar, t)
+
+    def __call__(self, kind: str, d: dict[str, Any]) -> None:
+        import json
+
+        if kind == "start":
+            self.elapsed0 = d["elapsed"]
+            self.t0 = time.monotonic()
+            self.head = f"run {d['run_id']}" + (" (resumed)" if d["resumed"] else "")
+        elif kind == "reference":
+            self.head = f"reference outputs {d['done'] + 1}/{d['total']}"
+        elif kind == "profile_start":
+            self.head = f"round {d['round']}: phase 0, cost model"
+        elif kind == "profile":
+            f = d.get("factors")
+            self.console.print(
+                f"round {d['round']}: "
+                + (", ".join(f"{k} {v:.3f}" for k, v in f.items()) if f else d.get("reason"))
+            )
+        elif kind == "round":
+            self.head = f"round {d['round']}: direction {', '.join(d['directions']) or '-'}"
+            self.rows = {
+                it["key"]: [it["mechanism"], json.dumps(it["params"])[:40], it["source"],
+                            "queued", "", ""]
+                for it in d["candidates"]
+            }  # fmt: skip
+        elif kind == "trial_start":
+            row = self.rows.setdefault(
+                d["key"], [d["mechanism"], json.dumps(d["params"])[:40], d["kind"], "", "", ""]
+            )
+            row[3] = "running" if d["kind"] == "explore" else "integrating"
+        elif kind == "trial_done":
+            r = d["result"]
+            row = self.rows.setdefault(d["key"], [d["steps"][-1][0], "", d["kind"], "", "", ""])
+            row[3] = r["status"]
+            row[4] = f"{r['speedup']:.3f} ± {r['spread']:.3f}" if r.get("speedup") else "-"
+            row[5] = (r.get("reason") or "")[:160]
+        elif kind == "round_end":
+            kept = ", ".join(f"{k['mechanism']} {k['speedup']:.3f}x" for k in d["kept"])
+            self.console.print(self._render())
+            self.console.print(f"round {d['round']} kept: {kept or 'nothing'}")
+            self.rows = {}
+        self.live.update(self._render())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run (or resume) the loop; 0 when it finished."""
+    from specpilot.pilot.coordinator import Coordinator
+
+    cfg = _config(args)
+    console = progress_console()
+    view = _View(console, cfg.budget_minutes * 60)
+    coord = Coordinator(cfg, resume=bool(args.resume), on_event=view)
+    with view.live:
+        summary = coord.run()
+    out = Path(summary["out"])
+    console.print(
+        f"{summary['rounds']} round(s), {summary['trials']} trial(s) "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(summary['statuses'].items())) or 'none'}) "
+        f"in {summary['elapsed_s'] / 60:.1f} min"
+    )
+    console.print(f"start plan: {summary['start_plan']}")
+    console.print(f"final plan: {summary['final_plan']} (loop's own estimate "
+                  f"{summary['loop_speedup']:.2f}x over the start plan)")  # fmt: skip
+    for k in summary["kept"]:
+        console.print(f"  kept {k['mechanism']} {k['params']}: {k['speedup']:.3f}x "
+                      f"± {k['spread']:.3f}")  # fmt: skip
+    console.print(f"plan: {out / 'plan.json'}  report: {out / 'report.html'}  "
+                  f"log: {out / 'rounds.jsonl'}")  # fmt: skip
+    console.print(f"verify independently: specpilot bench --plan {out / 'plan.json'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point (``python -m specpilot.cli_optimize``), same error handling."""
+    from specpilot.errors import SpecPilotError
+
+    p = argparse.ArgumentParser(prog="specpilot")
+    add_parser(p.add_subparsers(dest="cmd"))
+    args = p.parse_args(["optimize", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return run(args)
+    except SpecPilotError as e:
+        if args.debug:
+            raise
+        print(f"specpilot: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""Configuration of a run (:class:`OptimizeConfig`), idempotency keys and the direction order."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specpilot.errors import ConfigError
+from specpilot.mechanisms.base import FACTORS
+from specpilot.pilot.trial import TrialLimits
+
+PROFILE_KEYS = (
+    "tau_factor", "kernel_factor", "overhead_factor", "gap", "direction", "n_star",
+    "tau_actual", "tau_opt", "kernels", "wall_step_ms", "kernel_step_ms", "mismatches",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OptimizeConfig:
+    """Everything a run needs; validated here (the CLI passes flags through)."""
+
+    out: str
+    model: str = "smollm2-135m"
+    memory: str = "~/.cache/specpilot/memory.sqlite"
+    prompts: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """(id, token ids) of the whole workload; split into tuning and held-back pools here."""
+    texts: tuple[tuple[str, str, bool], ...] = ()
+    """(id, text, chat) prompts, encoded with the model's tokenizer when the run starts (the
+    journal keeps the encoded ``prompts``)."""
+    start_plan: Mapping[str, Any] | None = None
+    """Plan JSON to start from (default: the runtime's default plan for the model)."""
+    drafter: str | None = None
+    """Override the start plan's drafter."""
+    budget_minutes: float = 17.0
+    workers: int = 1
+    executor: str = "local"
+    device: str = "cpu"
+    seed: int = 0
+    holdout_fraction: float = 0.3
+    max_new_tokens: int = 64
+    stop_on_eos: bool = True
+    candidates_per_round: int = 4
+    forcing_prompts: int = 3
+    timed_rounds: int = 3
+    timed_per_round: int = 2
+    profile_prompts: int = 3
+    profile_config: Mapping[str, Any] = field(
+        default_factory=lambda: {"max_new_tokens": 48, "max_budget": 32, "replay_depth": 16,
+                                 "verify_repeats": 3, "draft_samples": 16}
+    )  # fmt: skip
+    max_rounds: int = 8
+    max_integrate: int = 2
+    near_tie: float = 0.05
+    min_gain: float = 0.02
+    limits: TrialLimits = field(default_factory=TrialLimits)
+    modules: tuple[str, ...] = ()
+    """Extra mechanism modules (each exposes ``MECHANISMS``)."""
+    registry: bool = True
+    """Explore the package's registered mechanisms (False: only ``modules``' ones)."""
+    python_path: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.budget_minutes <= 0:
+            raise ConfigError(f"--budget-minutes must be positive, got {self.budget_minutes}")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.executor not in ("local", "ray"):
+            raise ConfigError(f"--executor must be local or ray, got {self.executor!r}")
+        for name in ("candidates_per_round", "forcing_prompts", "timed_rounds", "timed_per_round",
+                     "profile_prompts", "max_rounds", "max_new_tokens"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.holdout_fraction < 1:
+            raise ConfigError("holdout_fraction must be strictly between 0 and 1")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["prompts"] = [[pid, list(ids)] for pid, ids in self.prompts]
+        d["texts"] = [list(t) for t in self.texts]
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> OptimizeConfig:
+        try:
+            d = dict(d)
+            d["prompts"] = tuple((str(p), tuple(ids)) for p, ids in d["prompts"])
+            d["texts"] = tuple((str(a), str(b), bool(c)) for a, b, c in d.get("texts", ()))
+            d["limits"] = TrialLimits(**d["limits"])
+            for k in ("modules", "python_path"):
+                d[k] = tuple(d[k])
+            return cls(**d)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(
+                f"--resume: the run's saved configuration does not fit this specpilot ({e}); "
+                "resume it with the version that started it"
+            ) from None
+
+
+def plan_hash(plan_json: Mapping[str, Any]) -> str:
+    blob = json.dumps(plan_json, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def trial_key(run_id: str, rnd: int, kind: str, base: Mapping[str, Any], steps: Any) -> str:
+    """Idempotency key: the same run, round, kind, base plan and steps are the same trial."""
+    blob = json.dumps([plan_hash(base), steps], sort_keys=True, separators=(",", ":"))
+    return f"{run_id}/r{rnd}/{kind}/{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def directions(factors: Mapping[str, float], near_tie: float) -> list[str]:
+    """Factors in exploration order, largest first (ties: tau, kernel, overhead). The round's
+    directions are the first, plus the second when within ``near_tie`` of it
+    (``Coordinator._choose``); a factor with nothing left to try falls through to the next."""
+    return sorted(FACTORS, key=lambda f: (-factors.get(f, 1.0), FACTORS.index(f)))

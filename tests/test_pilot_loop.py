@@ -1,0 +1,117 @@
+"""The loop end to end on a tiny model, as a user runs it: the coordinator (a subprocess) is
+killed with SIGKILL after its first finished trial, then ``--resume`` finishes the run. No
+finished trial runs twice or is counted twice; a crashing candidate is recorded and the run goes
+on; the one real improvement is kept; plan.json, rounds.jsonl and report.html are written."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specpilot.pilot.memory import Memory
+from specpilot.plan import AppliedMechanism, Plan, load_plan, save_plan
+
+from .pilot_helpers import MAX_NEW, REPO, tiny_model_dir
+
+SETTINGS = {
+    "timed_rounds": 2,
+    "timed_per_round": 1,
+    "forcing_prompts": 2,
+    "profile_prompts": 1,
+    "stop_on_eos": False,
+    "profile_config": {"max_new_tokens": 8, "max_budget": 4, "replay_depth": 4,
+                       "verify_repeats": 1, "draft_samples": 2},
+    "limits": {"threads": 1, "request_timeout_s": 30},
+}  # fmt: skip
+
+
+def _cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "specpilot.cli_optimize", *args]
+
+
+def _trials(journal: Path) -> list[dict]:
+    out = []
+    for line in journal.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("type") == "trial":
+            out.append(rec)
+    return out
+
+
+def test_kill_then_resume_loses_no_trial(tmp_path: Path) -> None:
+    model = tiny_model_dir(tmp_path / "model")
+    words = ["alpha", "beta", "gamma", "delta", "sigma", "omega", "kappa", "theta"]
+    with open(tmp_path / "prompts.jsonl", "w") as f:
+        for i in range(9):
+            text = " ".join(words[(i + j) % 8] for j in range(12))
+            f.write(json.dumps({"id": f"q{i}", "prompt": f"{text} {i}"}) + "\n")
+    start = Plan(
+        options={"slow_kernel": {"delay_ms": 40}},
+        mechanisms=(AppliedMechanism("slow_kernel", {"delay_ms": 40}),),
+    )
+    save_plan(start, tmp_path / "start.json")
+    out, mem = tmp_path / "run", tmp_path / "memory.sqlite"
+    env = {**os.environ, "PYTHONPATH": REPO}
+    first = _cmd(
+        "--model", str(model), "--prompts", str(tmp_path / "prompts.jsonl"),
+        "--start-plan", str(tmp_path / "start.json"), "--max-new-tokens", str(MAX_NEW),
+        "--out", str(out), "--memory", str(mem), "--candidates", "2", "--max-rounds", "1",
+        "--mechanisms", "tests.pilot_loop_mechs", "--python-path", REPO, "--no-registry",
+        "--memory-limit-gb", "4", "--budget-minutes", "8",
+        *(a for k, v in SETTINGS.items() for a in ("--set", f"{k}={json.dumps(v)}")),
+    )  # fmt: skip
+    proc = subprocess.Popen(first, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    journal = out / "journal.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.exists() and _trials(journal):
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _trials(journal)
+    assert len(before) == 1 and before[0]["kind"] == "explore"
+    with pytest.raises(Exception, match="already holds a run"):  # --out never overwrites a run
+        _run_ok([*first[:-2], "--budget-minutes", "8"], env, tmp_path)
+
+    _run_ok(_cmd("--resume", str(out), "--memory", str(mem), "--budget-minutes", "8"), env,
+            tmp_path)  # fmt: skip
+
+    after = _trials(journal)
+    keys = [t["key"] for t in after]
+    assert len(keys) == len(set(keys)), "a finished trial was run again"
+    assert after[0] == before[0]
+    by_mech = {(t["kind"], t["steps"][-1][0]): t["result"] for t in after}
+    assert by_mech[("explore", "crash_kernel")]["status"] == "CRASH"
+    assert "SIGSEGV" in by_mech[("explore", "crash_kernel")]["reason"]
+    assert by_mech[("explore", "slow_kernel")]["status"] == "PASS"
+    integrate = by_mech[("integrate", "slow_kernel")]
+    assert integrate["status"] == "PASS" and integrate["forcing"]["n_prompts"] == 3  # whole pool
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert len(rounds) == 1 and [k["mechanism"] for k in rounds[0]["kept"]] == ["slow_kernel"]
+    assert rounds[0]["directions"] == ["kernel"] and rounds[0]["factors"]["kernel"] > 1
+    plan = load_plan(out)
+    assert plan.options["slow_kernel"] == {"delay_ms": 0}
+    html = (out / "report.html").read_text()
+    assert html.count("<svg") == 3 and "slow_kernel" in html
+    m = Memory(mem)
+    assert m.counts()["trials"] == len(after) == 3
+    assert len(m.list_entries()) == 2  # two PASS trials with a speedup (explore, integrate)
+
+
+def _run_ok(cmd: list[str], env: dict[str, str], cwd: Path) -> None:
+    res = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=400)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-3000:])

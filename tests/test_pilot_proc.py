@@ -1,0 +1,110 @@
+"""Harness plumbing: frames and their limits, the timing slot (timing excludes all other work),
+Optuna candidates, the journal's torn-line tolerance, and Ray actors end to end (slow)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from specpilot.mechanisms.base import Context, Param
+from specpilot.pilot.journal import Journal, replay
+from specpilot.pilot.proc import MAX_FRAME, FrameReader, ProtocolError, TimingSlot, write_frame
+from specpilot.pilot.search import Candidate, Search
+from specpilot.plan import Plan
+
+from .pilot_helpers import cases, job, prompts, references, tiny_model_dir
+
+
+def test_frames_round_trip_and_limits() -> None:
+    r, w = os.pipe()
+    write_frame(w, {"op": "tokens", "tokens": [1, 2, 3]})
+    reader = FrameReader(r)
+    assert reader.read(time.monotonic() + 1) == {"op": "tokens", "tokens": [1, 2, 3]}
+    os.write(w, struct.pack(">I", MAX_FRAME + 1))
+    with pytest.raises(ProtocolError, match="limit"):
+        reader.read(time.monotonic() + 1)
+    os.close(r)
+    os.close(w)
+
+
+def test_timing_slot_excludes_other_work(tmp_path: Path) -> None:
+    slot = TimingSlot(tmp_path / "slot")
+    events: list[str] = []
+    inside = threading.Event()
+
+    def worker() -> None:
+        inside.wait()
+        with slot.shared():
+            events.append("work")
+
+    t = threading.Thread(target=worker)
+    with slot.exclusive():
+        t.start()
+        inside.set()
+        time.sleep(0.3)
+        events.append("timed done")
+    t.join(5)
+    assert events == ["timed done", "work"]
+    with slot.shared(), slot.shared():  # work shares
+        pass
+
+
+def test_search_memory_defaults_then_optuna() -> None:
+    class M:
+        id, factor, description = "k", "tau", "chain"
+
+        def space(self, ctx: Context, plan: Plan) -> tuple[Param, ...]:
+            return (Param("k", "int", 5, low=1, high=16),)
+
+        def applicable(self, ctx: Context, plan: Plan) -> str | None:
+            return None
+
+        def apply(self, plan: Plan, params: dict) -> Plan:
+            return plan
+
+    ctx = Context("llama", 1.0, "suffix", "cpu", "float32")
+    s = Search(seed=0)
+    got = s.propose([M()], ctx, Plan(), None, 4, tried=set())
+    assert got[0] == Candidate("k", {"k": 5}, "default")
+    assert len({c.key for c in got}) == 4 and all(1 <= c.params["k"] <= 16 for c in got)
+    for c in got:
+        s.tell(c, M().space(ctx, Plan()), 1.0 + c.params["k"] / 100)
+    again = s.propose([M()], ctx, Plan(), None, 2, tried={c.key for c in got})
+    assert not {c.key for c in again} & {c.key for c in got}
+
+
+def test_journal_ignores_a_torn_last_line(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    j.append({"type": "run", "run_id": "x", "config": {}, "start_plan": {"drafter": "suffix"}})
+    j.append({"type": "trial", "round": 0, "kind": "explore", "key": "x/r0/a", "result": {}})
+    with open(j.path, "a") as f:
+        f.write('{"type": "trial", "round": 0, "key": "x/r0/b", "res')
+    st = replay(j)
+    assert [t["key"] for t in st.trials] == ["x/r0/a"] and st.round == 0
+
+
+@pytest.mark.slow
+def test_ray_executor_end_to_end(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    from specpilot.pilot.executors import RayExecutor
+
+    model = tiny_model_dir(tmp_path / "model")
+    ps = prompts(5)
+    cs = cases(ps, references(model, ps))
+    ex = RayExecutor(workers=2)
+    try:
+        ok = ex.submit(job("honest", model, (("honest", {}),), cs[:2], (cs[2:3], cs[3:4])))
+        bad = ex.submit(job("drop", model, (("drop_token", {}),), cs[:2]))
+        crash = ex.submit(job("segv", model, (("segfault", {}),), cs[:2]))
+        r_ok, r_bad, r_crash = ok.result(), bad.result(), crash.result()
+    finally:
+        ex.shutdown()
+        ray.shutdown()
+    assert r_ok.status == "PASS" and r_ok.speedup is not None, r_ok.reason
+    assert r_bad.status == "MISMATCH"
+    assert r_crash.status == "CRASH" and "SIGSEGV" in r_crash.reason
