@@ -1,4 +1,5 @@
-"""CLI: ``bench --batch-size`` end to end on a tiny model directory; ``serve`` flag validation."""
+"""CLI: ``bench --batch-size`` end to end on a tiny model directory, ``serve`` flag validation,
+sampling flags of ``generate``."""
 
 from __future__ import annotations
 
@@ -64,3 +65,14 @@ def test_bench_batch_size_with_a_plan_budget_table(model_dir: Path, tmp_path: Pa
     assert main([*argv, "--json", str(out)]) == 0
     d = json.loads(out.read_text())
     assert d["lossless"] is True and d["candidates"][0]["mean_draft_nodes"] <= 2.0
+
+
+def test_generate_samples_reproducibly(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "--model", str(model_dir), "--prompt", "hello world", "--no-chat"]
+    argv += ["--max-new-tokens", "12", "--drafter", "lookup", "--temperature", "0.8"]
+    outs = []
+    for _ in range(2):
+        assert main([*argv, "--seed", "5"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1]
+    assert main([*argv, "--temperature", "7"]) == 2

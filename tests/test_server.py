@@ -95,6 +95,9 @@ def test_completion_greedy_equals_engine_alone(served: Served) -> None:
     r = served.client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
     assert r.choices[0].text == _alone(served, served.tok.encode(prompt), 24)
     assert r.usage.completion_tokens <= 24 and r.usage.prompt_tokens > 0
+    ids = served.tok.encode(prompt)  # token ids as the prompt; top_p=0 keeps the likeliest only
+    r2 = served.client.completions.create(model=MODEL, prompt=ids, max_tokens=24, top_p=0)
+    assert r2.choices[0].text == r.choices[0].text
     assert r.choices[0].finish_reason in ("stop", "length")
 
 

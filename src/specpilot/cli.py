@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
+    s = g.add_argument_group("sampling (lossless: output distributed as the target's)")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    s.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0 = off)")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    s.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
 
     b = sub.add_parser(
         "bench",
@@ -301,6 +306,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         stop_on_eos=not args.ignore_eos,
         stop_strings=tuple(args.stop),
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
     )
     stream = StreamDecoder(tok)
 
