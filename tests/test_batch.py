@@ -142,3 +142,26 @@ def test_batch_rejects_what_cannot_fit(setup) -> None:
         beng.check(BatchRequest(list(range(100)), GenerationConfig(max_new_tokens=40)))
     with pytest.raises(ConfigError):
         beng.check(BatchRequest([], GenerationConfig()))
+
+
+@pytest.mark.slow
+def test_smollm2_batched_speculative_equals_alone() -> None:
+    """The real model: batched suffix/chain and batched AR equal each prompt decoded alone."""
+    from specpilot.drafters import make_drafter
+    from specpilot.loading import load_model
+    from specpilot.workloads import load_workload
+
+    loaded = load_model("smollm2-135m")
+    tok = loaded.tokenizer
+    prompts = [tok.encode_prompt(p.text, chat=p.chat) for p in load_workload("humaneval", limit=5)]
+    eng = Engine(loaded.model, EngineConfig())
+    gen = GenerationConfig(max_new_tokens=32)
+    alone = [eng.generate(p, gen, eos_ids=tok.eos_ids).tokens for p in prompts]
+    longest = max(len(p) for p in prompts)
+    beng = BatchEngine(loaded.model, EngineConfig(), BatchConfig(3, longest + 48), tok.eos_ids)
+    spec = TreeSpec(kind="chain", k=5)
+    outs = run_batch(beng, [BatchRequest(p, gen, make_drafter("suffix"), spec) for p in prompts])
+    assert [o.result.tokens for o in outs] == alone
+    assert any(o.result.tau > 1 for o in outs)
+    ar = run_batch(beng, [BatchRequest(p, gen) for p in prompts])
+    assert [o.result.tokens for o in ar] == alone
