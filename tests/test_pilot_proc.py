@@ -108,3 +108,17 @@ def test_ray_executor_end_to_end(tmp_path: Path) -> None:
     assert r_ok.status == "PASS" and r_ok.speedup is not None, r_ok.reason
     assert r_bad.status == "MISMATCH"
     assert r_crash.status == "CRASH" and "SIGSEGV" in r_crash.reason
+
+
+def test_directions_and_idempotency_keys() -> None:
+    from specpilot.pilot.config import directions, trial_key
+
+    assert directions({"tau": 1.2, "kernel": 3.0, "overhead": 2.9}, 0.05) == [
+        "kernel", "overhead", "tau",
+    ]  # fmt: skip
+    assert directions({}, 0.05) == ["tau", "kernel", "overhead"]
+    plan = Plan().to_json()
+    a = trial_key("run", 0, "explore", plan, [["chain_length", {"k": 4}]])
+    assert a == trial_key("run", 0, "explore", dict(plan), [["chain_length", {"k": 4}]])
+    assert a != trial_key("run", 1, "explore", plan, [["chain_length", {"k": 4}]])
+    assert a != trial_key("run", 0, "explore", plan, [["chain_length", {"k": 5}]])

@@ -46,11 +46,13 @@ class OptimizeConfig:
     forcing_prompts: int = 3
     timed_rounds: int = 3
     timed_per_round: int = 2
-    profile_prompts: int = 3
+    profile_prompts: int = 2
     profile_config: Mapping[str, Any] = field(
-        default_factory=lambda: {"max_new_tokens": 48, "max_budget": 32, "replay_depth": 16,
-                                 "verify_repeats": 3, "draft_samples": 16}
+        default_factory=lambda: {"max_new_tokens": 32, "max_budget": 16, "replay_depth": 8,
+                                 "verify_repeats": 2, "draft_samples": 8}
     )  # fmt: skip
+    """:class:`specpilot.costmodel.ProfileConfig` fields of each round's Phase 0 (kept small:
+    it runs every round, inside the budget)."""
     max_rounds: int = 8
     max_integrate: int = 2
     near_tie: float = 0.05

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specpilot.errors import ConfigError
-from specpilot.mechanisms.base import FACTORS, Context
+from specpilot.mechanisms.base import FACTORS, Context, Mechanism
 from specpilot.pilot import bridge
 from specpilot.pilot.config import (
     PROFILE_KEYS,
@@ -41,7 +41,7 @@ from specpilot.pilot.journal import Journal, RunState, replay
 from specpilot.pilot.memory import Memory
 from specpilot.pilot.proc import TimingSlot
 from specpilot.pilot.reference import ReferenceCache, ar_decoder
-from specpilot.pilot.search import Candidate, Search
+from specpilot.pilot.search import Candidate, Search, propose_useful
 from specpilot.pilot.trial import (
     PASS,
     ChildSpec,
@@ -302,7 +302,7 @@ class Coordinator:
             mechs = [m for m in self.mechs.values()
                      if m.factor == f and m.applicable(ctx, p) is None]  # fmt: skip
             share = max(1, want // 2) if len(chosen) + 1 < n_dir else want
-            got = self.search.propose(mechs, ctx, p, self.memory, share, tried) if mechs else []
+            got = self._propose(mechs, ctx, p, share, tried) if mechs else []
             if not got:
                 continue
             chosen.append(f)
@@ -314,6 +314,15 @@ class Coordinator:
         rec = {"type": "candidates", "round": rnd, "directions": chosen, "items": items}
         self._log(rec)
         return rec
+
+    def _propose(
+        self, mechs: list[Mechanism], ctx: Context, plan: Plan, n: int, tried: set[str]
+    ) -> list[Candidate]:
+        def apply(pl: Plan, mid: str, params: Mapping[str, Any]) -> Plan:
+            return bridge.apply_steps(pl, [(mid, params)], self.mechs,
+                                      lambda q: bridge.context_of(self.loaded, q, 1))  # fmt: skip
+
+        return propose_useful(self.search, mechs, ctx, plan, self.memory, n, tried, apply)
 
     def _explore(self, rnd: int, plan: Mapping[str, Any], items: list[dict[str, Any]]
                  ) -> dict[str, dict[str, Any]] | None:  # fmt: skip

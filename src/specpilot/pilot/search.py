@@ -10,7 +10,7 @@ TIMEOUT) are told 0.0 so the sampler moves away from them. Results are always re
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,6 +147,42 @@ class Search:
             # a repeat: close it with what that point already scored (or a neutral 1.0)
             study.tell(trial.number, self.values.get(cand.key, 1.0))
         return False
+
+
+def propose_useful(
+    search: Search,
+    mechs: Sequence[Mechanism],
+    ctx: Context,
+    plan: Plan,
+    memory: Memory | None,
+    n: int,
+    tried: set[str],
+    apply: Callable[[Plan, str, Mapping[str, Any]], Plan],
+) -> list[Candidate]:
+    """Up to ``n`` candidates that change the plan. A dry run of ``apply`` (the mechanism's pure
+    plan transform; nothing is built or run) drops no-ops, such as a default equal to the current
+    setting, and params that do not apply; those count as tried and teach the sampler 1.0."""
+    out: list[Candidate] = []
+    base = {k: v for k, v in plan.to_json().items() if k != "mechanisms"}
+    spaces = {m.id: m.space(ctx, plan) for m in mechs}
+    for _ in range(4):
+        got = search.propose(mechs, ctx, plan, memory, n - len(out), tried)
+        if not got:
+            break
+        for c in got:
+            tried.add(c.key)
+            try:
+                new = apply(plan, c.mechanism, c.params)
+                useful = {k: v for k, v in new.to_json().items() if k != "mechanisms"} != base
+            except ValueError:  # ConfigError included: the params do not apply here
+                useful = False
+            if useful:
+                out.append(c)
+            else:
+                search.tell(c, spaces[c.mechanism], 1.0)
+        if len(out) >= n:
+            break
+    return out
 
 
 def _fits(params: Mapping[str, Any], space: Sequence[Param]) -> bool:
