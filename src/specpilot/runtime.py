@@ -253,18 +253,14 @@ def _drafter_factory(
 def base_drafter(
     name: str, options: Mapping[str, Any], loaded: Any, draft: Any = None
 ) -> Drafter | None:
-    """A registered drafter (:data:`specpilot.drafters.DRAFTERS`) or a trained drafter
-    directory, built for ``loaded``."""
+    """A registered drafter (:data:`specpilot.drafters.DRAFTERS`, "head" included) or a trained
+    drafter directory, built for ``loaded`` by :func:`specpilot.drafters.make_drafter`."""
     from specpilot.drafters import DRAFTERS, make_drafter
 
-    if name in DRAFTERS:
-        return make_drafter(
-            name, target=loaded, tokenizer=loaded.tokenizer, draft=draft, **dict(options)
+    if name not in DRAFTERS and not Path(name).expanduser().is_dir():
+        raise ConfigError(
+            f"plan drafter {name!r} is neither one of {', '.join(DRAFTERS)} nor a drafter directory"
         )
-    if Path(name).expanduser().is_dir():
-        from specpilot.drafters.trained import load_trained_drafter
-
-        return load_trained_drafter(name, loaded, **dict(options))
-    raise ConfigError(
-        f"plan drafter {name!r} is neither one of {', '.join(DRAFTERS)} nor a drafter directory"
+    return make_drafter(
+        name, target=loaded, tokenizer=loaded.tokenizer, draft=draft, **dict(options)
     )

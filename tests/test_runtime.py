@@ -1,0 +1,77 @@
+"""Plan runtime: default plan, build errors, budget caps, compile (slow)."""
+
+from __future__ import annotations
+
+import doctest
+from typing import Any
+
+import pytest
+import torch
+
+from specpilot import runtime
+from specpilot.engine import EngineConfig
+from specpilot.errors import ConfigError
+from specpilot.mechanisms import get
+from specpilot.mechanisms.base import Context, apply_checked
+from specpilot.mechanisms.compile_forward import compiler_missing
+from specpilot.plan import Plan
+from specpilot.runtime import build, cap_spec, default_plan
+from specpilot.tree import TreeSpec
+
+from .runtime_helpers import GEN, PROMPTS, loaded, references
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Any:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_default_plan_is_bench_default() -> None:
+    plan = default_plan(loaded())
+    assert plan == Plan(drafter="suffix", tree=TreeSpec(kind="chain", k=5), engine=EngineConfig())
+    assert plan.describe() == "suffix/chain k=5"
+
+
+def test_build_ar_and_errors() -> None:
+    built = build(Plan(drafter="none"), loaded())
+    assert built.make_drafter() is None and built.candidate() is None
+    assert [built.engine.generate(p, GEN).tokens for p in PROMPTS] == references()
+    with pytest.raises(ConfigError, match="draft model"):
+        build(Plan(drafter="model"), loaded())
+    lm = loaded()
+    build(Plan(), lm)  # prepacks for oneDNN
+    with pytest.raises(ConfigError, match="prepacked"):
+        build(Plan(engine=EngineConfig(linear="torch")), lm)
+    with pytest.raises(ConfigError, match="neither one of"):
+        build(Plan(drafter="oracle"), loaded())
+
+
+def test_budget_table_caps_the_tree() -> None:
+    plan = Plan(
+        tree=TreeSpec(kind="dynamic", budget=16), options={"batch_budget": {"1": 12, "4": 3}}
+    )
+    assert build(plan, loaded()).spec.budget == 12
+    assert build(plan, loaded(), batch_size=6).spec.budget == 3
+    chain = cap_spec(TreeSpec(kind="chain", k=8), 2)
+    assert chain == TreeSpec(kind="chain", k=2)
+    assert cap_spec(chain, 5) is chain
+    assert doctest.testmod(runtime).failed == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(compiler_missing(False) is not None, reason="no C compiler")
+@pytest.mark.parametrize("linear", ["torch", "onednn"])
+def test_compile_forward_decodes(linear: str) -> None:
+    """Inductor-compiled blocks (tens of seconds to compile): lossless is for forcing to decide;
+    on this tiny model it reproduces the eager output."""
+    ctx = Context("llama", 0.1, "suffix", "cpu", "float32", threads=2)
+    plan = apply_checked(get("compile_forward"), ctx, Plan(engine=EngineConfig(linear=linear)))
+    lm = loaded()
+    built = build(plan, lm)
+    drafter = built.make_drafter()
+    outs = [built.engine.generate(p, GEN, drafter=drafter, spec=built.spec).tokens for p in PROMPTS]
+    assert outs == references()
+    assert lm.model._specpilot_compiled == ("layers", True)
