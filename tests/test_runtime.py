@@ -75,3 +75,17 @@ def test_compile_forward_decodes(linear: str) -> None:
     outs = [built.engine.generate(p, GEN, drafter=drafter, spec=built.spec).tokens for p in PROMPTS]
     assert outs == references()
     assert lm.model._specpilot_compiled == ("layers", True)
+
+
+def test_draft_vocab_cuts_the_draft_head() -> None:
+    plan = Plan(drafter="model", options={"draft_vocab": {"keep": 100}})
+    draft = loaded(seed=7)  # the target's weights: drafts inside the kept ids are accepted
+    built = build(plan, loaded(), draft=draft)
+    assert draft.model.lm_head(torch.zeros(1, draft.cfg.dim)).shape == (1, 100)
+    drafter = built.make_drafter()
+    runs = [built.engine.generate(p, GEN, drafter=drafter, spec=built.spec) for p in PROMPTS]
+    assert [r.tokens for r in runs] == references()
+    full = build(Plan(drafter="model"), loaded(), draft=loaded(seed=7))
+    d2 = full.make_drafter()
+    taus = [full.engine.generate(p, GEN, drafter=d2, spec=full.spec).tau for p in PROMPTS]
+    assert sum(r.tau for r in runs) < sum(taus)  # ids >= 100 can no longer be drafted
