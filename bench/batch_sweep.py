@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from specpilot.batch import BatchEngine
-from specpilot.bench_batch import BatchBenchConfig, batch_config_for, run_batch_bench
+from specpilot.bench_batch import BatchBenchConfig, batch_config_for, plan_budget, run_batch_bench
 from specpilot.cli import _setup, build_parser
 from specpilot.workloads import load_workload
 
@@ -80,7 +80,14 @@ def main() -> int:
     runs, rows = [], []
     for n in args.sizes:
         cfg = BatchBenchConfig(n, args.max_new_tokens, args.repeats, not bench_args.ignore_eos)
-        bcfg = batch_config_for(n, [p for _, p in encoded], args.max_new_tokens, nodes)
+        bcfg = batch_config_for(
+            n,
+            [p for _, p in encoded],
+            args.max_new_tokens,
+            nodes,
+            plan_budget(bench_args.plan, nodes),
+            bench_args.min_gain,
+        )
         beng = BatchEngine(loaded.model, engine.cfg, bcfg, eos_ids=tok.eos_ids, detok=tok.decode)
         res = run_batch_bench(beng, encoded, candidates[:1], cfg)
         runs.append(res.to_json())

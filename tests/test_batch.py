@@ -118,6 +118,9 @@ def test_allocate_nodes_by_expected_gain() -> None:
     assert kb.tokens.tolist() == [7, 8, 9] and kc.size == 0
     assert [t.size for t in allocate_nodes([a, b], 0)] == [0, 0]
     assert [t.size for t in allocate_nodes([a, b], 100)] == [4, 3]
+    # min_gain: exp(-0.3) = 0.74 and exp(-0.5) = 0.61 pass 0.6, exp(-0.6) = 0.55 does not
+    ka, kb = allocate_nodes([a, b], 100, min_gain=0.6)
+    assert ka.tokens.tolist() == [1, 3] and kb.tokens.tolist() == [7, 8]
     # a child scored above its parent is only kept with the parent
     odd = DraftTree.from_parents([1, 2], [-1, 0], [-2.0, -0.1])
     (k,) = allocate_nodes([odd], 1)
@@ -134,6 +137,8 @@ def test_verify_budget_table() -> None:
             VerifyBudget(bad)
     with pytest.raises(ConfigError):
         BatchConfig(max_batch=0)
+    with pytest.raises(ConfigError):
+        BatchConfig(min_gain=1.5)
 
 
 def test_batch_rejects_what_cannot_fit(setup) -> None:

@@ -37,6 +37,10 @@ def test_bench_batch_size_json(model_dir: Path, tmp_path: Path) -> None:
     assert ar["tok_s"] > 0 and spec["tok_s"] > 0 and spec["speedup"] > 0
     assert spec["mismatches"] == 0 and spec["tau"] >= 1.0
     assert 0 < ar["latency_p50_s"] <= ar["latency_p99_s"]
+    # a min gain no draft reaches: nothing is verified, so speculative decoding is plain AR
+    assert main([*argv, "--min-gain", "1", "--json", str(out)]) == 0
+    spec = json.loads(out.read_text())["candidates"][0]
+    assert spec["mean_draft_nodes"] == 0 and spec["tau"] == 1.0 and spec["mismatches"] == 0
 
 
 def test_serve_rejects_bad_flags(model_dir: Path, tmp_path: Path) -> None:

@@ -85,20 +85,29 @@ class BatchConfig:
     max_len: int = 1024
     """Cache slots per sequence: prompt + new tokens + draft nodes (one more is scratch)."""
     budget: VerifyBudget = field(default_factory=VerifyBudget)
+    min_gain: float = 0.0
+    """Verify only draft nodes whose expected gain (path acceptance probability, ``exp(score)``)
+    is at least this; 0 = every node the budget allows. A verified row costs target compute, so
+    at large batch sizes unlikely nodes cost more than they return."""
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.max_batch}")
         if self.max_len < 8:
             raise ConfigError(f"max_len must be >= 8 cache slots, got {self.max_len}")
+        if not 0 <= self.min_gain <= 1:
+            raise ConfigError(f"--min-gain must be in [0, 1], got {self.min_gain}")
 
 
-def allocate_nodes(trees: Sequence[DraftTree], total: int) -> list[DraftTree]:
+def allocate_nodes(
+    trees: Sequence[DraftTree], total: int, min_gain: float = 0.0
+) -> list[DraftTree]:
     """Keep at most ``total`` nodes over all ``trees``, the ones of highest expected gain.
 
     The gain of a node is ``exp(score)`` (its path's acceptance probability under the drafter);
-    ties go to the shallower node, then round-robin over the requests. A node is kept only with
-    its ancestors, so every kept tree stays ancestor-closed.
+    ties go to the shallower node, then round-robin over the requests. Nodes of gain below
+    ``min_gain`` are dropped. A node is kept only with its ancestors, so every kept tree stays
+    ancestor-closed.
 
     >>> a = DraftTree.chain([1, 2, 3], [-0.1, -0.2, -2.0])
     >>> b = DraftTree.chain([7, 8], [-0.5, -0.6])
@@ -114,8 +123,8 @@ def allocate_nodes(trees: Sequence[DraftTree], total: int) -> list[DraftTree]:
     keep: list[set[int]] = [set() for _ in trees]
     parents = [t.parents.tolist() for t in trees]
     used = 0
-    for _, _, i, r in cands:
-        if used >= total:
+    for neg_gain, _, i, r in cands:
+        if used >= total or -neg_gain < min_gain:
             break
         missing = []
         node = i
@@ -312,7 +321,8 @@ class BatchEngine:
                 assert tree.size <= s.spec.max_nodes, "drafter returned too many nodes"
             trees.append(tree)
         if any(t.size for t in trees):
-            trees = allocate_nodes(trees, self.bcfg.budget.total(len(self.slots)))
+            total = self.bcfg.budget.total(len(self.slots))
+            trees = allocate_nodes(trees, total, self.bcfg.min_gain)
         return trees
 
     @torch.no_grad()

@@ -186,6 +186,7 @@ def batch_config_for(
     max_new: int,
     max_nodes: int,
     budget: VerifyBudget | None = None,
+    min_gain: float = 0.0,
 ) -> BatchConfig:
     """A cache just large enough for the longest prompt + max_new + a draft tree (+ scratch)."""
     longest = max((len(p) for p in prompts), default=1)
@@ -193,6 +194,7 @@ def batch_config_for(
         max_batch=batch_size,
         max_len=longest + max_new + max_nodes + 3,
         budget=budget or VerifyBudget(),
+        min_gain=min_gain,
     )
 
 

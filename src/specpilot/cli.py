@@ -158,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode N prompts together (continuous batching): batched AR vs batched "
         "speculative, throughput and per-request latency",
     )
+    b.add_argument(
+        "--min-gain",
+        type=float,
+        default=0.0,
+        help="with --batch-size: verify only draft nodes whose path acceptance probability "
+        "(exp of the drafter's score) is at least this (default: 0, all the budget allows)",
+    )
     b.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
     b.add_argument(
         "--no-strict",
@@ -410,7 +417,7 @@ def _bench_batch(
     nodes = max((c.spec.max_nodes for c in candidates), default=0)
     budget = plan_budget(getattr(args, "plan", None), nodes)  # the plan's batch_budget table
     bcfg = batch_config_for(
-        cfg.batch_size, [p for _, p in encoded], cfg.max_new_tokens, nodes, budget
+        cfg.batch_size, [p for _, p in encoded], cfg.max_new_tokens, nodes, budget, args.min_gain
     )
     tok = loaded.tokenizer
     beng = BatchEngine(loaded.model, engine.cfg, bcfg, eos_ids=tok.eos_ids, detok=tok.decode)

@@ -42,6 +42,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="draft nodes per sequence by batch size, e.g. '1:16,2:8,4:6,8:4,16:2'",
     )
     p.add_argument(
+        "--min-gain",
+        type=float,
+        default=0.0,
+        help="verify only draft nodes whose path acceptance probability is at least this",
+    )
+    p.add_argument(
         "--served-model-name", default=None, help="model id clients send (default: --model)"
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -78,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_len=args.max_len,
         budget=VerifyBudget(table) if table else VerifyBudget(),
+        min_gain=args.min_gain,
     )
     if args.drafter and len(args.drafter) > 1:
         raise ConfigError("serve takes one --drafter")
