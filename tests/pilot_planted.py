@@ -224,12 +224,21 @@ MECHANISMS = (
 )
 
 
-class SlowKernel(Honest):
-    """A kernel-factor knob whose only effect is a sleep per request: the loop should find
-    delay 0 (its default) and keep it."""
+class SlowKernel(Planted):
+    """A kernel-factor switch whose only effect is a 40 ms sleep per request unless ``fast``:
+    the loop should find ``fast`` and keep it."""
 
     id = "slow_kernel"
     factor = "kernel"
+    params = (Param("fast", "bool", False),)
+
+    def wrap_decode(self, decode: Decode, params: Mapping[str, Any]) -> Decode:
+        def run(ids: list[int], gen: Any) -> Any:
+            if not params.get("fast"):
+                time.sleep(0.04)
+            return decode(ids, gen)
+
+        return run
 
 
 class CrashKernel(Segfault):

@@ -56,8 +56,8 @@ def test_kill_then_resume_loses_no_trial(tmp_path: Path) -> None:
             text = " ".join(words[(i + j) % 8] for j in range(12))
             f.write(json.dumps({"id": f"q{i}", "prompt": f"{text} {i}"}) + "\n")
     start = Plan(
-        options={"slow_kernel": {"delay_ms": 40}},
-        mechanisms=(AppliedMechanism("slow_kernel", {"delay_ms": 40}),),
+        options={"slow_kernel": {"fast": False}},
+        mechanisms=(AppliedMechanism("slow_kernel", {"fast": False}),),
     )
     save_plan(start, tmp_path / "start.json")
     out, mem = tmp_path / "run", tmp_path / "memory.sqlite"
@@ -103,7 +103,7 @@ def test_kill_then_resume_loses_no_trial(tmp_path: Path) -> None:
     assert len(rounds) == 1 and [k["mechanism"] for k in rounds[0]["kept"]] == ["slow_kernel"]
     assert rounds[0]["directions"] == ["kernel"] and rounds[0]["factors"]["kernel"] > 1
     plan = load_plan(out)
-    assert plan.options["slow_kernel"] == {"delay_ms": 0}
+    assert plan.options["slow_kernel"] == {"fast": True}
     html = (out / "report.html").read_text()
     assert html.count("<svg") == 3 and "slow_kernel" in html
     m = Memory(mem)

@@ -14,7 +14,7 @@ import pytest
 from specpilot.mechanisms.base import Context, Param
 from specpilot.pilot.journal import Journal, replay
 from specpilot.pilot.proc import MAX_FRAME, FrameReader, ProtocolError, TimingSlot, write_frame
-from specpilot.pilot.search import Candidate, Search
+from specpilot.pilot.search import Search
 from specpilot.plan import Plan
 
 from .pilot_helpers import cases, job, prompts, references, tiny_model_dir
@@ -70,7 +70,7 @@ def test_search_memory_defaults_then_optuna() -> None:
     ctx = Context("llama", 1.0, "suffix", "cpu", "float32")
     s = Search(seed=0)
     got = s.propose([M()], ctx, Plan(), None, 4, tried=set())
-    assert got[0] == Candidate("k", {"k": 5}, "default")
+    assert all(c.source == "optuna" for c in got)
     assert len({c.key for c in got}) == 4 and all(1 <= c.params["k"] <= 16 for c in got)
     for c in got:
         s.tell(c, M().space(ctx, Plan()), 1.0 + c.params["k"] / 100)

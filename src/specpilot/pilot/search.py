@@ -1,5 +1,7 @@
-"""Phase 1 candidates: memory first (entries of similar contexts, best first), then each
-mechanism's declared defaults, then Optuna ask/tell (TPE, seeded) over its parameter space.
+"""Phase 1 candidates: memory first (entries of similar contexts, best first), then Optuna
+ask/tell (TPE, seeded) over each mechanism's parameter space (a mechanism without parameters has
+the one candidate ``{}``). Declared defaults are not tried as such: they describe the current
+setting, so they are usually no-ops.
 
 One Optuna study per mechanism, maximizing the measured speedup; failed trials (MISMATCH, CRASH,
 TIMEOUT) are told 0.0 so the sampler moves away from them. Results are always reported through
@@ -24,7 +26,7 @@ class Candidate:
     mechanism: str
     params: dict[str, Any] = field(default_factory=dict)
     source: str = "optuna"
-    """"memory", "default" or "optuna"."""
+    """"memory", "optuna", or "default" (a mechanism without parameters)."""
 
     @property
     def key(self) -> str:
@@ -103,7 +105,7 @@ class Search:
         n: int,
         tried: set[str],
     ) -> list[Candidate]:
-        """Up to ``n`` new candidates over ``mechs`` (memory, defaults, then Optuna)."""
+        """Up to ``n`` new candidates over ``mechs`` (memory, then Optuna)."""
         out: list[Candidate] = []
         seen = set(tried)
 
@@ -120,8 +122,9 @@ class Search:
             for p in sorted(priors, key=lambda p: -p.score):
                 if _fits(p.params, spaces[p.mechanism]):
                     add(Candidate(p.mechanism, dict(p.params), "memory"))
-        for m in mechs:
-            add(Candidate(m.id, {p.name: p.default for p in spaces[m.id]}, "default"))
+        for m in mechs:  # a mechanism without parameters has one candidate
+            if not spaces[m.id]:
+                add(Candidate(m.id, {}, "default"))
         stalled = 0
         while len(out) < n and stalled < len(mechs):
             stalled = 0
