@@ -101,6 +101,18 @@ def test_completion_greedy_equals_engine_alone(served: Served) -> None:
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
+def test_stop_strings_cut_the_text(served: Served) -> None:
+    kw = dict(model=MODEL, prompt="the world and the word", max_tokens=30, temperature=0)
+    full = served.client.completions.create(**kw).choices[0].text
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    assert stop and stop in full
+    want = full[: full.index(stop)]
+    r = served.client.completions.create(**kw, stop=[stop])
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    streamed = served.client.completions.create(**kw, stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == want
+
+
 def test_chat_streaming_equals_non_streaming(served: Served) -> None:
     msgs = [{"role": "user", "content": "the world and the word"}]
     full = served.client.chat.completions.create(

@@ -238,7 +238,6 @@ def create_app(
             return f"data: {json.dumps({**base, 'choices': [choice]})}\n\n"
 
         dec, trim = StreamDecoder(tokenizer), _StopTrim(req.stop)
-        n_out = 0
         try:
             if req.chat:
                 yield chunk("", None, first=True)
@@ -251,7 +250,6 @@ def create_app(
                     yield f"data: {json.dumps(err.body())}\n\n"
                     break
                 if ev.kind == "tokens":
-                    n_out += len(ev.tokens)
                     piece = trim.push(dec.push(ev.tokens), final=False)
                     if piece:
                         yield chunk(piece, None)
