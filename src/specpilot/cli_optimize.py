@@ -26,6 +26,7 @@ DESCRIPTION = (
     "subprocesses, and keeps only lossless changes faster than the measured spread."
 )
 DEFAULT_WORKLOADS = ("humaneval", "chat")
+DEFAULT_MEMORY = "~/.cache/specpilot/memory.sqlite"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -44,8 +45,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--budget-minutes", type=float, default=17.0,
                    help="wall-clock budget of the run (default: %(default)s)")  # fmt: skip
     p.add_argument("--out", default=None, help="run directory (default: runs/optimize-<time>)")
-    p.add_argument("--memory", default="~/.cache/specpilot/memory.sqlite",
-                   help="mechanism memory database (default: %(default)s)")  # fmt: skip
+    p.add_argument("--memory", default=None,
+                   help=f"mechanism memory database (default: {DEFAULT_MEMORY}; with --resume: "
+                   "the run's own)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None,
                    help="parallel trials (default: 1 on CPU, one per GPU)")  # fmt: skip
     p.add_argument("--executor", default="local", choices=["local", "ray"])
@@ -82,6 +84,13 @@ def _config(args: argparse.Namespace) -> Any:
 
         workers = torch.cuda.device_count() if args.device.startswith("cuda") else 1
     out = args.resume or args.out or f"runs/optimize-{time.strftime('%Y%m%d-%H%M%S')}"
+    memory = args.memory or DEFAULT_MEMORY
+    if args.resume and args.memory is None:
+        from specpilot.pilot.journal import Journal, replay
+
+        journal = Journal(Path(args.resume).expanduser())
+        if journal.exists():
+            memory = replay(journal).run["config"].get("memory", memory)
     texts: list[tuple[str, str, bool]] = []
     if not args.resume:
         if args.prompts:
@@ -108,7 +117,7 @@ def _config(args: argparse.Namespace) -> Any:
     if "limits" in extra:
         extra["limits"] = TrialLimits(**{**asdict(limits), **extra["limits"]})
     fields = dict(
-        out=str(out), model=args.model, memory=args.memory, texts=tuple(texts),
+        out=str(out), model=args.model, memory=memory, texts=tuple(texts),
         start_plan=start, drafter=args.drafter, budget_minutes=args.budget_minutes,
         workers=workers, executor=args.executor, device=args.device, seed=args.seed,
         max_new_tokens=args.max_new_tokens, candidates_per_round=args.candidates,

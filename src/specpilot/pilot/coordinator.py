@@ -3,7 +3,8 @@
 Each round:
   0. profile the current plan in a trial child (the cost model times, so it holds the timing
      slot); the largest factor is the direction, and a second factor within ``near_tie`` (5%) of
-     it is explored too. Directions with no applicable mechanism fall through to the next factor;
+     it is explored too. Directions with nothing (left) to try fall through to the next factor,
+     and one that already came up empty on the same plan goes last;
   1. candidates for the direction(s) (:mod:`.search`: memory, defaults, Optuna) run as trials in
      parallel: forcing on fresh held-back prompts, then timing against the current plan;
   2. winners (PASS, faster by more than ``min_gain``; the best params per mechanism, fastest
@@ -41,7 +42,7 @@ from specpilot.pilot.journal import Journal, RunState, replay
 from specpilot.pilot.memory import Memory
 from specpilot.pilot.proc import TimingSlot
 from specpilot.pilot.reference import ReferenceCache, ar_decoder
-from specpilot.pilot.search import Candidate, Search, propose_useful
+from specpilot.pilot.search import Candidate, Search, pick_winners, propose_useful
 from specpilot.pilot.trial import (
     PASS,
     ChildSpec,
@@ -169,6 +170,8 @@ class Coordinator:
     def _references(self, prompts: Sequence[tuple[str, list[int]]]) -> dict[str, PromptCase]:
         missing = self.refs.missing(prompts)
         for i, (pid, ids) in enumerate(missing):
+            if self.left() <= 0:
+                raise _OutOfBudget
             self.emit("reference", {"done": i, "total": len(missing), "prompt": pid})
             with TimingSlot(self.slot).shared():  # never while another trial is being timed
                 self.refs.get(pid, ids)
@@ -216,7 +219,10 @@ class Coordinator:
                 return None
             prof = self._profile(rnd, plan)
         factors = prof.get("factors") or {}
-        order = directions(factors, self.cfg.near_tie)
+        # a direction that already came up empty on this very plan goes after the others
+        fruitless = {d for r in state.rounds if r.get("base") == plan_hash(plan) and not r["kept"]
+                     for d in r["directions"]}  # fmt: skip
+        order = sorted(directions(factors, self.cfg.near_tie), key=lambda f: f in fruitless)
         cands_rec = state.current.candidates
         if cands_rec is None:
             cands_rec = self._choose(rnd, plan, factors, order)
@@ -228,10 +234,11 @@ class Coordinator:
         results = self._explore(rnd, plan, items)
         if results is None:
             return None
-        winners = self._winners(items, results)
+        winners = pick_winners(items, results, self.cfg.min_gain, self.cfg.max_integrate)
         new_plan, kept = self._integrate(rnd, plan, winners)
         summary = {
-            "type": "round_end", "round": rnd, "plan": new_plan, "factors": factors,
+            "type": "round_end", "round": rnd, "base": plan_hash(plan), "plan": new_plan,
+            "factors": factors,
             "directions": cands_rec["directions"], "winners": winners, "kept": kept,
             "candidates": [{**it, **_brief(results.get(it["key"]))} for it in items],
         }  # fmt: skip
@@ -332,12 +339,17 @@ class Coordinator:
         futures: dict[Future[TrialResult], dict[str, Any]] = {}
         while todo or futures:
             while todo and len(futures) < self.executor.workers:  # type: ignore[union-attr]
+                forcing = self._forcing_sample()
+                try:  # the references first: they take time too
+                    self._references([*forcing, *(p for r in self.timed for p in r)])
+                except _OutOfBudget:
+                    todo = []
+                    break
                 if self.left() < self._estimate("trial"):
                     todo = []
                     break
                 it = todo.pop(0)
-                job = self._job(rnd, it["key"], plan, [[it["mechanism"], it["params"]]],
-                                self._forcing_sample())  # fmt: skip
+                job = self._job(rnd, it["key"], plan, [[it["mechanism"], it["params"]]], forcing)
                 self.emit("trial_start", {"round": rnd, "kind": "explore", **it})
                 futures[self.executor.submit(job)] = it  # type: ignore[union-attr]
             if not futures:
@@ -400,21 +412,6 @@ class Coordinator:
                 value = res["speedup"] if res["status"] == PASS and res.get("speedup") else 0.0
                 self.search.tell(Candidate(mid, params), mech.space(self._ctx(base), p), value)
 
-    def _winners(self, items: list[dict[str, Any]], results: Mapping[str, Mapping[str, Any]]
-                 ) -> list[dict[str, Any]]:  # fmt: skip
-        best: dict[str, dict[str, Any]] = {}
-        for it in items:
-            r = results.get(it["key"])
-            if not r or r["status"] != PASS or r.get("speedup") is None:
-                continue
-            if r["speedup"] <= 1 + self.cfg.min_gain:
-                continue
-            w = {"mechanism": it["mechanism"], "params": it["params"], "speedup": r["speedup"],
-                 "spread": r["spread"], "key": it["key"]}  # fmt: skip
-            if it["mechanism"] not in best or w["speedup"] > best[it["mechanism"]]["speedup"]:
-                best[it["mechanism"]] = w
-        return sorted(best.values(), key=lambda w: -w["speedup"])[: self.cfg.max_integrate]
-
     def _integrate(self, rnd: int, plan: dict[str, Any], winners: list[dict[str, Any]]
                    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
         assert self.state is not None
@@ -425,6 +422,10 @@ class Coordinator:
             key = trial_key(self.run_id, rnd, "integrate", current, steps)
             res = self.state.current.trials.get(key)
             if res is None:
+                try:
+                    self._references([*self.held, *(p for r in self.timed for p in r)])
+                except _OutOfBudget:
+                    break
                 if self.left() < self._estimate("integrate"):
                     break
                 job = self._job(rnd, key, current, steps, self.held)
@@ -494,6 +495,10 @@ class Coordinator:
         }  # fmt: skip
         self.emit("done", summary)
         return summary
+
+
+class _OutOfBudget(Exception):
+    """The budget ran out while computing references (nothing is lost: they are cached)."""
 
 
 def _brief(res: Mapping[str, Any] | None) -> dict[str, Any]:
