@@ -515,7 +515,7 @@ def _tokenizer(words: list[str]) -> Tokenizer:
 
 
 def test_factory_builds_each_drafter():
-    assert set(DRAFTERS) == {"none", "lookup", "suffix", "model", "head"}
+    assert set(DRAFTERS) == {"none", "lookup", "suffix", "model", "head", "head+suffix"}
     assert make_drafter("none") is None
     look = make_drafter("lookup", min_n=2, max_n=3)
     assert isinstance(look, PromptLookupDrafter) and (look.min_n, look.max_n) == (2, 3)

@@ -236,3 +236,24 @@ def test_engine_hidden_states_required() -> None:
     d.begin([1, 2])
     with pytest.raises(DrafterError, match="hidden states"):
         d.propose(DraftContext([1, 2, 3], 2, TreeSpec()))
+
+
+@pytest.mark.parametrize("spec", SPECS[::2], ids=lambda s: s.kind)
+def test_union_with_suffix_lossless_within_budget(spec: TreeSpec) -> None:
+    from specpilot.drafters.suffix import SuffixDrafter
+    from specpilot.drafters.union import UnionDrafter, union_trees
+
+    target = tiny_model(seed=3)
+    engine = Engine(target)
+    drafter = UnionDrafter(SuffixDrafter(), HeadDrafter(make_net("head", target, seed=4)))
+    assert drafter.hidden_layers == TAPS
+    gen = GenerationConfig(max_new_tokens=30)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    ref = engine.generate(prompt, gen).tokens
+    res = engine.generate(prompt, gen, drafter=drafter, spec=spec)
+    assert res.tokens == ref
+    assert max(res.draft_nodes) <= spec.max_nodes
+    a = DraftTree.from_parents([1, 2, 3], [-1, 0, 1])
+    b = DraftTree.from_parents([1, 9, 2, 8], [-1, -1, 0, 2], [-0.1, -0.2, -0.3, -0.4])
+    u = union_trees(a, b, 5)
+    assert u.tokens.tolist() == [1, 2, 3, 9, 8] and u.parents.tolist() == [-1, 0, 1, -1, 1]

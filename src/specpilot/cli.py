@@ -54,7 +54,7 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--drafter",
         action="append",
-        metavar="{none,lookup,suffix,model,head,DIR}",
+        metavar="{none,lookup,suffix,model,head,head+suffix,DIR,DIR+suffix}",
         help="none = plain decoding; lookup = prompt n-gram lookup; suffix = suffix "
         "tree over prompt and earlier outputs; model = a draft model; head = the trained head "
         "shipped for the target; DIR = a trained drafter directory (specpilot train-drafter) "
@@ -280,7 +280,7 @@ def _check_drafter_names(names: list[str]) -> None:
     from specpilot.drafters.trained import is_drafter_dir
 
     for name in names:
-        if name not in DRAFTERS and not is_drafter_dir(name):
+        if name not in DRAFTERS and not is_drafter_dir(name.removesuffix("+suffix")):
             where = "is not a drafter directory (no config.json)" if Path(name).exists() else ""
             raise ConfigError(
                 f"--drafter {name!r} {where or 'is unknown'}: use one of "

@@ -33,6 +33,8 @@ DRAFTERS: dict[str, str] = {
     "model": "draft model: a small model with the target's tokenizer drafts (greedy / EAGLE-2)",
     "head": "trained feature-level head (EAGLE-style) shipped for the target; or pass a trained "
     "drafter directory (specpilot train-drafter) as the name",
+    "head+suffix": "the trained head and suffix decoding merged into one tree per step "
+    "(also DIR+suffix)",
 }
 
 DEFAULT_DRAFT_MAX_LEN = 4096
@@ -93,9 +95,15 @@ def make_drafter(
     """
     from specpilot.drafters import trained
 
-    if name == "head" or (name not in DRAFTERS and trained.is_drafter_dir(name)):
-        path = trained.shipped_drafter(target, "head") if name == "head" else name
-        return trained.load_trained_drafter(path, target, **options)
+    base, plus_suffix = name.removesuffix("+suffix"), name.endswith("+suffix")
+    if base == "head" or (name not in DRAFTERS and trained.is_drafter_dir(base)):
+        path = trained.shipped_drafter(target, "head") if base == "head" else base
+        head = trained.load_trained_drafter(path, target, **options)
+        if not plus_suffix:
+            return head
+        from specpilot.drafters.union import UnionDrafter
+
+        return UnionDrafter(SuffixDrafter(), head)
     if name not in DRAFTERS:
         raise DrafterError(
             f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)} or a trained "

@@ -186,8 +186,9 @@ class FeatureNet(nn.Module):
             raise DrafterError(
                 f"drafter hidden size {self.cfg.dim} does not match the target's {embed.shape[-1]}"
             )
-        self.embed = embed.detach()
-        self.head = head.detach()[self.vocab_ids.to(head.device)].contiguous()
+        dt = self.norm.weight.dtype  # the drafter's own dtype (targets may run in bf16)
+        self.embed = embed.detach().to(dt)
+        self.head = head.detach()[self.vocab_ids.to(head.device)].to(dt).contiguous()
         self.head_fn = None
 
     def entries(self, taps: Tensor, next_tokens: Tensor) -> Tensor:

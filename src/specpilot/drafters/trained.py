@@ -84,6 +84,8 @@ def save_drafter(
         (tmp / CONFIG).write_text(json.dumps(net.cfg.to_json(), indent=2) + "\n")
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / RECORD).write_text(json.dumps(record, indent=2, default=str) + "\n")
+        for f in tmp.iterdir():
+            f.chmod(0o644)
 
     return write_dir_atomic(Path(out), write)
 

@@ -191,6 +191,7 @@ def train_drafter(
     net = FeatureNet(net_cfg)
     net.init_weights(cfg.seed)
     net.vocab_ids.copy_(vocab)
+    net.to(model.device)  # trained in fp32 on the target's device
     net.attach(model.model.embed_tokens.weight, model.head_weight())
     eval_ids = [tok.encode_prompt(p.text, chat=p.chat) for p in eval_p]
     if "eval_init" not in st.d:
@@ -207,6 +208,7 @@ def train_drafter(
         "data": {
             "sources": list(cfg.sources),
             "train_prompts": len(train_p),
+            "prompts_generated": st.d.get("next_prompt", 0),
             "eval_prompt_ids": [p.id for p in eval_p],
             "sequences": len(seqs),
             "tokens": n_tokens,
@@ -419,7 +421,8 @@ def _train(
             warm = min(1.0, (step + 1) / 30)
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1))))
-            toks, tp, fin, valid = _collate(seqs, segs, cfg.seq_len, store, taps)
+            batch = _collate(seqs, segs, cfg.seq_len, store, taps)
+            toks, tp, fin, valid = (x.to(net.head.device) for x in batch)
             loss, info = distill_loss(net, toks, tp, fin, valid, cfg, seed=step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -463,7 +466,7 @@ def evaluate(
 
     if not prompts:
         return {"tau": float("nan"), "prompts": 0}
-    copy = FeatureNet(net.cfg)
+    copy = FeatureNet(net.cfg).to(device=loaded.model.device, dtype=loaded.model.dtype)
     copy.load_state_dict(net.state_dict())
     copy.attach(loaded.model.model.embed_tokens.weight, loaded.model.head_weight())
     cls = HeadDrafter if net.cfg.kind == "head" else BlockDrafter
