@@ -133,6 +133,11 @@ class TrialResult:
     base_tau: float | None = None
     base_accept_hist: list[int] = field(default_factory=list)
     """The same for the baseline (the current plan)."""
+    setup_s: float | None = None
+    base_setup_s: float | None = None
+    """Untimed setup (load, apply, build, warm-up) of each child: a candidate whose setup is far
+    longer than the baseline's may be precomputing outside the timed requests (shown, not
+    judged: torch.compile and the like are legitimately slow to set up)."""
     duration_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -277,7 +282,7 @@ def _run(job: TrialJob, res: TrialResult, tmp: Path, logs: Path, children: list[
     with slot.shared():
         cand = _Child("candidate", job.candidate, job, tmp, logs)
         children.append(cand)
-        ready, _ = cand.call(_setup_msg(job.candidate, job), lim.setup_timeout_s, used)
+        ready, res.setup_s = cand.call(_setup_msg(job.candidate, job), lim.setup_timeout_s, used)
     res.plan = _checked_plan(ready)
 
     res.phase = "forcing"
@@ -303,7 +308,7 @@ def _run(job: TrialJob, res: TrialResult, tmp: Path, logs: Path, children: list[
     with slot.shared():
         base = _Child("baseline", job.baseline, job, tmp, logs)
         children.append(base)
-        base.call(_setup_msg(job.baseline, job), lim.setup_timeout_s, used)
+        _, res.base_setup_s = base.call(_setup_msg(job.baseline, job), lim.setup_timeout_s, used)
         for c in (base, cand):
             c.call({"op": "reset"}, lim.request_timeout_s, used)
 
