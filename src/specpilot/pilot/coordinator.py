@@ -489,12 +489,19 @@ class Coordinator:
         summary = {
             "run_id": self.run_id, "out": str(self.out), "rounds": len(st.rounds),
             "trials": len(st.trials), "statuses": counts, "elapsed_s": self.elapsed(),
-            "start_plan": Plan.from_json(st.run["start_plan"]).describe(),
-            "final_plan": Plan.from_json(st.plan).describe(), "loop_speedup": gain,
+            "start_plan": _describe(st.run["start_plan"]),
+            "final_plan": _describe(st.plan), "loop_speedup": gain,
             "kept": [k for r in st.rounds for k in r.get("kept", [])],
         }  # fmt: skip
         self.emit("done", summary)
         return summary
+
+
+def _describe(plan_json: Mapping[str, Any]) -> str:
+    """``Plan.describe`` plus the mechanisms applied (engine-only changes show there)."""
+    p = Plan.from_json(plan_json)
+    mechs = ", ".join(f"{m.id} {dict(m.params)}" for m in p.mechanisms)
+    return p.describe() + (f" + {mechs}" if mechs else "")
 
 
 class _OutOfBudget(Exception):
