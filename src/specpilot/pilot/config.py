@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -117,3 +118,19 @@ def directions(factors: Mapping[str, float], near_tie: float) -> list[str]:
     directions are the first, plus the second when within ``near_tie`` of it
     (``Coordinator._choose``); a factor with nothing left to try falls through to the next."""
     return sorted(FACTORS, key=lambda f: (-factors.get(f, 1.0), FACTORS.index(f)))
+
+
+class TimedPromptCut:
+    """Timed prompts end a few tokens early, by a cut drawn per run (seeded by the run id, so a
+    resume draws the same): the workloads are public, so a candidate could otherwise decode them
+    during its untimed setup and answer timed requests from that cache. Before its first timed
+    request it cannot know the prompts, and it is stopped outside its requests."""
+
+    def __init__(self, run_id: str) -> None:
+        self.rng = random.Random(run_id)
+
+    def __call__(self, pid: str, ids: list[int]) -> tuple[str, list[int]]:
+        if len(ids) < 12:
+            return pid, ids
+        cut = self.rng.randint(1, min(8, len(ids) // 4))
+        return f"{pid}~{cut}", ids[:-cut]

@@ -33,6 +33,7 @@ from specpilot.pilot import bridge
 from specpilot.pilot.config import (
     PROFILE_KEYS,
     OptimizeConfig,
+    TimedPromptCut,
     directions,
     plan_hash,
     trial_key,
@@ -42,6 +43,7 @@ from specpilot.pilot.journal import Journal, RunState, replay
 from specpilot.pilot.memory import Memory
 from specpilot.pilot.proc import TimingSlot
 from specpilot.pilot.reference import ReferenceCache, ar_decoder
+from specpilot.pilot.report import describe_plan
 from specpilot.pilot.search import Candidate, Search, pick_winners, propose_useful
 from specpilot.pilot.trial import (
     PASS,
@@ -146,8 +148,9 @@ class Coordinator:
                 f"timing needs {need} distinct tuning prompts ({cfg.timed_rounds} rounds x "
                 f"{cfg.timed_per_round}), the workload has {len(self.tuning)}; add prompts"
             )
+        vary = TimedPromptCut(self.run_id)
         self.timed = [
-            self.tuning[r * cfg.timed_per_round : (r + 1) * cfg.timed_per_round]
+            [vary(*p) for p in self.tuning[r * cfg.timed_per_round : (r + 1) * cfg.timed_per_round]]
             for r in range(cfg.timed_rounds)
         ]
         self.refs = ReferenceCache(
@@ -489,19 +492,12 @@ class Coordinator:
         summary = {
             "run_id": self.run_id, "out": str(self.out), "rounds": len(st.rounds),
             "trials": len(st.trials), "statuses": counts, "elapsed_s": self.elapsed(),
-            "start_plan": _describe(st.run["start_plan"]),
-            "final_plan": _describe(st.plan), "loop_speedup": gain,
+            "start_plan": describe_plan(st.run["start_plan"]),
+            "final_plan": describe_plan(st.plan), "loop_speedup": gain,
             "kept": [k for r in st.rounds for k in r.get("kept", [])],
         }  # fmt: skip
         self.emit("done", summary)
         return summary
-
-
-def _describe(plan_json: Mapping[str, Any]) -> str:
-    """``Plan.describe`` plus the mechanisms applied (engine-only changes show there)."""
-    p = Plan.from_json(plan_json)
-    mechs = ", ".join(f"{m.id} {dict(m.params)}" for m in p.mechanisms)
-    return p.describe() + (f" + {mechs}" if mechs else "")
 
 
 class _OutOfBudget(Exception):

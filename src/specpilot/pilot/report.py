@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from specpilot.plan import Plan
+
 COLORS = {"tau": "#4c78a8", "kernel": "#e45756", "overhead": "#54a24b"}
 STATUS_COLORS = {"PASS": "#2a7", "MISMATCH": "#d33", "TIMEOUT": "#e90", "CRASH": "#a3a"}
 
@@ -221,3 +223,10 @@ def write_report(
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(render(run, profiles, rounds, trials, plan))
     os.replace(tmp, path)
+
+
+def describe_plan(plan_json: Mapping[str, Any]) -> str:
+    """``Plan.describe`` plus the mechanisms applied (engine-only changes show there)."""
+    p = Plan.from_json(plan_json)
+    mechs = ", ".join(f"{m.id} {dict(m.params)}" for m in p.mechanisms)
+    return p.describe() + (f" + {mechs}" if mechs else "")
