@@ -257,3 +257,17 @@ def test_union_with_suffix_lossless_within_budget(spec: TreeSpec) -> None:
     b = DraftTree.from_parents([1, 9, 2, 8], [-1, -1, 0, 2], [-0.1, -0.2, -0.3, -0.4])
     u = union_trees(a, b, 5)
     assert u.tokens.tolist() == [1, 2, 3, 9, 8] and u.parents.tolist() == [-1, 0, 1, -1, 1]
+
+
+def test_shipped_head_drafter_is_complete_and_small() -> None:
+    from specpilot.drafters.trained import shipped_drafters
+
+    dirs = {p.name: p for p in shipped_drafters()}
+    d = dirs["smollm2-135m-head"]
+    cfg, state = read_drafter_dir(d)
+    assert cfg.kind == "head" and cfg.dim == 576 and cfg.vocab_size == 49152
+    assert len(cfg.extra["target_fingerprint"]) == 64
+    assert sum(f.stat().st_size for f in d.iterdir()) <= 30 * 2**20
+    assert state["vocab_ids"].numel() == cfg.draft_vocab
+    rec = json.loads((d / "training_record.json").read_text())
+    assert rec["command"].startswith("specpilot train-drafter") and rec["eval_final"]["tau"] > 1.5
