@@ -21,8 +21,8 @@ from specpilot.plan import AppliedMechanism, Plan, load_plan, save_plan
 from .pilot_helpers import MAX_NEW, REPO, tiny_model_dir
 
 SETTINGS = {
-    "timed_rounds": 2,
-    "timed_per_round": 1,
+    "timed_rounds": 3,
+    "timed_per_round": 2,
     "forcing_prompts": 2,
     "profile_prompts": 1,
     "stop_on_eos": False,
