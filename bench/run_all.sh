@@ -18,4 +18,14 @@ case "${1:-all}" in
         --tree chain --tree static --tree dynamic --paths "$STATIC"
     run lossless_chat_128 --workload chat --max-new-tokens 128 --drafter lookup --drafter suffix \
         --tree chain --tree static --tree dynamic --paths "$STATIC" ;;
+  batch|all)
+    # batched AR vs batched speculative at batch 1..16, token-forced against batched AR
+    python bench/batch_sweep.py --sizes 1 2 4 8 16 --limit 16 --max-new-tokens 96 \
+        --out bench/results/batch_sweep_humaneval16_96 -- --drafter suffix --threads 2 \
+        --workload humaneval > bench/results/batch_sweep_humaneval16_96.txt 2>&1 ;;&
+  serve|all)
+    # 32 concurrent streaming requests from the openai client against a loopback server
+    python bench/load_test.py --concurrency 32 --requests 32 --max-tokens 64 --limit 32 \
+        --max-batch 8 --json bench/results/load_test_32x64.json -- --threads 2 \
+        > bench/results/load_test_32x64.txt 2>&1 ;;
 esac
