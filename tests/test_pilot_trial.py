@@ -71,6 +71,11 @@ def test_honest_candidate_passes_with_a_paired_ratio(results: dict[str, TrialRes
 @pytest.mark.parametrize("mid", ["cache_outputs", "background_work", "patch_clock"])
 def test_speed_fakers_gain_nothing(results: dict[str, TrialResult], mid: str) -> None:
     r = results[mid]
+    if mid == "background_work" and r.status == TIMEOUT:
+        # its spinning thread can starve its own decoding past the request limit on a busy
+        # 2-core machine: no speed figure at all, so no gain either
+        assert r.speedup is None
+        return
     assert r.status == PASS, r.reason  # lossless, so it is timed ...
     assert r.speedup is not None
     assert r.speedup < 1.0, (r.speedup, r.round_ratios)  # ... and the parent's clock sees no gain
