@@ -228,19 +228,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (``python -m specpilot.cli_optimize``), same error handling."""
-    from specpilot.errors import SpecPilotError
+    """Standalone entry point (``python -m specpilot.cli_optimize``): ``specpilot optimize ...``."""
+    from specpilot.cli import main as cli_main
 
-    p = argparse.ArgumentParser(prog="specpilot")
-    add_parser(p.add_subparsers(dest="cmd"))
-    args = p.parse_args(["optimize", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return run(args)
-    except SpecPilotError as e:
-        if args.debug:
-            raise
-        print(f"specpilot: error: {e}", file=sys.stderr)
-        return 2
+    return cli_main(["optimize", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

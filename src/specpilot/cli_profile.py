@@ -23,7 +23,7 @@ from specpilot.cli import (
     progress_bar,
     progress_console,
 )
-from specpilot.errors import ConfigError, SpecPilotError
+from specpilot.errors import ConfigError
 
 DESCRIPTION = (
     "Split the gap to ideal of a plan (drafter + tree) into tau (exact replay vs the optimal "
@@ -208,17 +208,10 @@ def render(console: Any, r: Any, plan: str, max_new_tokens: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (``python -m specpilot.cli_profile``), same error handling."""
-    p = argparse.ArgumentParser(prog="specpilot profile", description=DESCRIPTION)
-    _add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        return run(args)
-    except SpecPilotError as e:
-        if args.debug:
-            raise
-        print(f"specpilot: error: {e}", file=sys.stderr)
-        return 2
+    """Standalone entry point (``python -m specpilot.cli_profile``): ``specpilot profile ...``."""
+    from specpilot.cli import main as cli_main
+
+    return cli_main(["profile", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

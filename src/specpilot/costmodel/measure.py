@@ -68,15 +68,10 @@ class ClassTimes:
         self.all_events += other.all_events
         self.draft_o_proj += other.draft_o_proj
 
-    def corrected(self, per_event_s: float, min_ratio: float = 0.0) -> dict[str, float]:
-        """Seconds per class with ``per_event_s`` removed for every event recorded inside.
-
-        ``per_event_s`` is itself a difference of two noisy wall times; on a loaded machine it can
-        exceed a class of many short events. No class is cut below ``min_ratio`` of its raw time
-        (the caller passes the proportional correction, unprofiled / profiled step time)."""
+    def corrected(self, per_event_s: float) -> dict[str, float]:
+        """Seconds per class with ``per_event_s`` removed for every event recorded inside."""
         return {
-            k: max(s * min_ratio, s - self.events.get(k, 0) * per_event_s)
-            for k, s in self.seconds.items()
+            k: max(0.0, s - self.events.get(k, 0) * per_event_s) for k, s in self.seconds.items()
         }
 
 

@@ -191,7 +191,7 @@ def profile(
     star = max(budgets, key=lambda b: (b.throughput, -b.n))
 
     work = _work(engine, prompts, actual, steps, times, prof_steps, probe)
-    corrected = times.corrected(per_event, min(1.0, wall_step_s / prof_step_s))
+    corrected = times.corrected(per_event)
     measured = {k: corrected.get(k, 0.0) / prof_steps for k in ALL_CLASSES}
     rows = kernel_rows(work, measured, hw, cfg.alpha, cfg.beta)
     kf = kernel_factor(rows)
