@@ -23,33 +23,15 @@ draft model's cache: the model object must not also serve as the engine's target
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from specpilot.drafters.base import DraftContext
+from specpilot.drafters.expand import Nodes, chain_paths, expand_spec, path_widths
 from specpilot.errors import ContextLengthError, DrafterError
 from specpilot.model import Transformer, causal_mask
-from specpilot.tree import DraftTree, TreeSpec, shape_tree
-
-
-def chain_paths(k: int) -> tuple[tuple[int, ...], ...]:
-    """A chain of ``k`` as rank paths: (0,), (0, 0), ..."""
-    return tuple((0,) * i for i in range(1, k + 1))
-
-
-def path_widths(paths: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], int]:
-    """Rank-path prefix -> how many ranked children it needs (() is the root).
-
-    >>> path_widths([(0,), (1,), (0, 0)])
-    {(): 2, (0,): 1}
-    """
-    need: dict[tuple[int, ...], int] = {}
-    for p in paths:
-        for i, r in enumerate(p):
-            need[p[:i]] = max(need.get(p[:i], 0), r + 1)
-    return need
+from specpilot.tree import DraftTree, TreeSpec
 
 
 def scratch_slots(spec: TreeSpec) -> int:
@@ -58,29 +40,6 @@ def scratch_slots(spec: TreeSpec) -> int:
         return spec.topk * (spec.depth - 1)
     paths = spec.paths if spec.kind == "static" else chain_paths(spec.k)
     return len(path_widths(paths)) - 1
-
-
-class _Nodes:
-    """Growing draft tree: per node its token, parent, depth, score and cache slot."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.parents: list[int] = []
-        self.depths: list[int] = []
-        self.scores: list[float] = []
-        self.anc_slots: list[list[int]] = []
-        """Cache slots of the node's fed ancestors and itself (filled when it is fed)."""
-
-    def add(self, tok: int, parent: int, score: float) -> int:
-        self.tokens.append(tok)
-        self.parents.append(parent)
-        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
-        self.scores.append(score)
-        self.anc_slots.append([])
-        return len(self.tokens) - 1
-
-    def tree(self) -> DraftTree:
-        return DraftTree.from_parents(self.tokens, self.parents, self.scores)
 
 
 class DraftModelDrafter:
@@ -129,10 +88,15 @@ class DraftModelDrafter:
             )
         self._ensure_cache(need)
         root = self._feed_committed(tokens)  # (vocab,)
-        if spec.kind == "dynamic":
-            return self._expand_dynamic(root, n, spec)
-        paths = spec.paths if spec.kind == "static" else chain_paths(spec.k)
-        return self._expand_paths(root, n, paths, spec)
+        fed = 0  # draft nodes written to the scratch slots after the committed tokens
+
+        def feed(nodes: Nodes, rows: list[int]) -> Tensor:
+            nonlocal fed
+            lp = self._feed_nodes(nodes, rows, n, fed)  # (len(rows), vocab_size)
+            fed += len(rows)
+            return lp
+
+        return expand_spec(root, feed, spec)
 
     # -- cache --------------------------------------------------------------------------------
 
@@ -166,7 +130,7 @@ class DraftModelDrafter:
         # logits: (R, vocab) -> (R, vocab_size) log-softmax over the ids the target knows
         return torch.log_softmax(logits[:, : self.vocab_size].float(), dim=-1)
 
-    def _feed_nodes(self, nodes: _Nodes, rows: list[int], n: int, fed: int) -> Tensor:
+    def _feed_nodes(self, nodes: Nodes, rows: list[int], n: int, fed: int) -> Tensor:
         """One forward of draft ``rows`` at scratch slots ``n + fed, ...``; their log-probs."""
         dev = self.model.device
         t = len(rows)
@@ -184,61 +148,3 @@ class DraftModelDrafter:
         pos = torch.tensor([[n - 1 + nodes.depths[i] for i in rows]], device=dev)  # (1, t)
         out = self.model(ids, pos, start, kv_len, mask.to(dev))
         return self._log_probs(out.logits[0])  # (t, vocab_size)
-
-    # -- tree expansion -----------------------------------------------------------------------
-
-    def _expand_dynamic(self, root: Tensor, n: int, spec: TreeSpec) -> DraftTree:
-        """EAGLE-2: per depth, expand the ``topk`` best-scored nodes in one batched forward."""
-        k = min(spec.topk, self.vocab_size)
-        nodes = _Nodes()
-        vals, idx = root.topk(k)
-        level = [nodes.add(t, -1, v) for v, t in zip(vals.tolist(), idx.tolist(), strict=True)]
-        fed = 0
-        for _ in range(1, spec.depth):
-            frontier = sorted(level, key=lambda i: (-nodes.scores[i], i))[:k]
-            lp = self._feed_nodes(nodes, frontier, n, fed)  # (len(frontier), vocab_size)
-            fed += len(frontier)
-            vals, idx = lp.topk(k, dim=-1)
-            level = []
-            for r, i in enumerate(frontier):
-                base = nodes.scores[i]
-                for v, t in zip(vals[r].tolist(), idx[r].tolist(), strict=True):
-                    level.append(nodes.add(t, i, base + v))
-        return shape_tree(nodes.tree(), spec)
-
-    def _expand_paths(
-        self, root: Tensor, n: int, paths: Sequence[tuple[int, ...]], spec: TreeSpec
-    ) -> DraftTree:
-        """Chain / static tree: expand exactly the prefixes the rank paths extend."""
-        need = path_widths(paths)
-        nodes = _Nodes()
-        prefix: list[tuple[int, ...]] = []
-        level: list[int] = []
-        for rank, (v, t) in enumerate(_top(root[None], need[()])[0]):
-            level.append(nodes.add(t, -1, v))
-            prefix.append((rank,))
-        fed = 0
-        for _ in range(1, spec.max_depth):
-            frontier = [i for i in level if prefix[i] in need]
-            if not frontier:
-                break
-            lp = self._feed_nodes(nodes, frontier, n, fed)
-            fed += len(frontier)
-            tops = _top(lp, max(need[prefix[i]] for i in frontier))
-            level = []
-            for r, i in enumerate(frontier):
-                for rank, (v, t) in enumerate(tops[r][: need[prefix[i]]]):
-                    level.append(nodes.add(t, i, nodes.scores[i] + v))
-                    prefix.append((*prefix[i], rank))
-        return shape_tree(nodes.tree(), spec)
-
-
-def _top(lp: Tensor, k: int) -> list[list[tuple[float, int]]]:
-    """Per row the ``k`` best (log-prob, token), best first; k == 1 is exactly the argmax."""
-    # lp: (R, vocab)
-    if k == 1:
-        idx = lp.argmax(dim=-1, keepdim=True)  # (R, 1)
-        vals = lp.gather(-1, idx)
-    else:
-        vals, idx = lp.topk(min(k, lp.shape[-1]), dim=-1)  # (R, k)
-    return [list(zip(v, t, strict=True)) for v, t in zip(vals.tolist(), idx.tolist(), strict=True)]

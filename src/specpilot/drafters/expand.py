@@ -18,17 +18,58 @@ from collections.abc import Callable, Sequence
 
 from torch import Tensor
 
-from specpilot.drafters.draft_model import _Nodes, _top, chain_paths, path_widths
 from specpilot.tree import DraftTree, TreeSpec, shape_tree
 
-Feed = Callable[[_Nodes, list[int]], Tensor]
+
+def chain_paths(k: int) -> tuple[tuple[int, ...], ...]:
+    """A chain of ``k`` as rank paths: (0,), (0, 0), ..."""
+    return tuple((0,) * i for i in range(1, k + 1))
+
+
+def path_widths(paths: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], int]:
+    """Rank-path prefix -> how many ranked children it needs (() is the root).
+
+    >>> path_widths([(0,), (1,), (0, 0)])
+    {(): 2, (0,): 1}
+    """
+    need: dict[tuple[int, ...], int] = {}
+    for p in paths:
+        for i, r in enumerate(p):
+            need[p[:i]] = max(need.get(p[:i], 0), r + 1)
+    return need
+
+
+class Nodes:
+    """Growing draft tree: per node its token, parent, depth, score and cache slot."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.depths: list[int] = []
+        self.scores: list[float] = []
+        self.anc_slots: list[list[int]] = []
+        """Cache slots of the node's fed ancestors and itself (filled when it is fed)."""
+
+    def add(self, tok: int, parent: int, score: float) -> int:
+        self.tokens.append(tok)
+        self.parents.append(parent)
+        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+        self.scores.append(score)
+        self.anc_slots.append([])
+        return len(self.tokens) - 1
+
+    def tree(self) -> DraftTree:
+        return DraftTree.from_parents(self.tokens, self.parents, self.scores)
+
+
+Feed = Callable[[Nodes, list[int]], Tensor]
 """feed(nodes, rows) -> (len(rows), V) log-probs of the children of ``rows``."""
 
 
 def expand_dynamic(root: Tensor, feed: Feed, spec: TreeSpec) -> DraftTree:
     """EAGLE-2 expansion from the root's log-probs ``root`` (V,)."""
     k = min(spec.topk, root.shape[-1])
-    nodes = _Nodes()
+    nodes = Nodes()
     vals, idx = root.topk(k)
     level = [nodes.add(t, -1, v) for v, t in zip(vals.tolist(), idx.tolist(), strict=True)]
     for _ in range(1, spec.depth):
@@ -56,7 +97,7 @@ def expand_paths(
 ) -> DraftTree:
     """Chain / static tree: expand exactly the prefixes the rank paths extend."""
     need = path_widths(paths)
-    nodes = _Nodes()
+    nodes = Nodes()
     prefix: list[tuple[int, ...]] = []
     level: list[int] = []
     for rank, (v, t) in enumerate(_top(root[None], need[()])[0]):
@@ -74,3 +115,14 @@ def expand_paths(
                 level.append(nodes.add(t, i, nodes.scores[i] + v))
                 prefix.append((*prefix[i], rank))
     return shape_tree(nodes.tree(), spec)
+
+
+def _top(lp: Tensor, k: int) -> list[list[tuple[float, int]]]:
+    """Per row the ``k`` best (log-prob, token), best first; k == 1 is exactly the argmax."""
+    # lp: (R, vocab)
+    if k == 1:
+        idx = lp.argmax(dim=-1, keepdim=True)  # (R, 1)
+        vals = lp.gather(-1, idx)
+    else:
+        vals, idx = lp.topk(min(k, lp.shape[-1]), dim=-1)  # (R, k)
+    return [list(zip(v, t, strict=True)) for v, t in zip(vals.tolist(), idx.tolist(), strict=True)]

@@ -21,8 +21,7 @@ import torch
 from torch import Tensor
 
 from specpilot.drafters.base import DraftContext
-from specpilot.drafters.draft_model import _Nodes
-from specpilot.drafters.expand import expand_spec
+from specpilot.drafters.expand import Nodes, expand_spec
 from specpilot.drafters.feature_net import FeatureNet
 from specpilot.errors import ContextLengthError, DrafterError
 from specpilot.model import PackedLinear, onednn_available
@@ -155,7 +154,7 @@ class HeadDrafter(FeatureDrafter):
         outs: dict[int, Tensor] = {}
         fed = [0]
 
-        def feed(nodes: _Nodes, rows: list[int]) -> Tensor:
+        def feed(nodes: Nodes, rows: list[int]) -> Tensor:
             dev = last.device
             t = len(rows)
             start = m + fed[0]
