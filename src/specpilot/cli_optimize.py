@@ -66,6 +66,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="address-space limit of each trial process (0 = none)")  # fmt: skip
     p.add_argument("--trial-timeout", type=float, default=600.0,
                    help="seconds of child time one trial may use")  # fmt: skip
+    g = p.add_argument_group("LLM agents (docs/agent.md)")
+    g.add_argument("--agent", choices=["openai"], default=None,
+                   help="agents on an OpenAI-compatible endpoint propose mechanisms (sandboxed, "
+                   "token-forced); default: the built-in explorer only")  # fmt: skip
+    g.add_argument("--agent-base-url", default=None, help="e.g. http://127.0.0.1:8000/v1")
+    g.add_argument("--agent-model", default=None, help="model name at the endpoint")
+    g.add_argument("--agent-api-key-env", default="OPENAI_API_KEY", metavar="VAR",
+                   help="variable holding the API key (default: %(default)s)")  # fmt: skip
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
 
@@ -116,16 +124,32 @@ def _config(args: argparse.Namespace) -> Any:
             raise ConfigError(f"--set {item!r}: the value is not JSON ({e})") from None
     if "limits" in extra:
         extra["limits"] = TrialLimits(**{**asdict(limits), **extra["limits"]})
+    agent = _agent(args, extra.pop("agent", None))
     fields = dict(
         out=str(out), model=args.model, memory=memory, texts=tuple(texts),
         start_plan=start, drafter=args.drafter, budget_minutes=args.budget_minutes,
         workers=workers, executor=args.executor, device=args.device, seed=args.seed,
         max_new_tokens=args.max_new_tokens, candidates_per_round=args.candidates,
         max_rounds=args.max_rounds, limits=limits, modules=tuple(args.mechanisms),
-        python_path=tuple(args.python_path), registry=not args.no_registry,
+        python_path=tuple(args.python_path), registry=not args.no_registry, agent=agent,
     )  # fmt: skip
     fields.update(extra)
     return OptimizeConfig(**fields)
+
+
+def _agent(args: argparse.Namespace, extra: Any) -> Any:
+    """The AgentConfig of ``--agent ...`` (``--set agent={...}`` adds fields); None without."""
+    from specpilot.agent.config import AgentConfig
+
+    if args.agent is None:
+        if args.agent_base_url or args.agent_model or extra:
+            raise ConfigError("--agent-base-url / --agent-model / --set agent need --agent openai")
+        return None
+    if extra is not None and not isinstance(extra, dict):
+        raise ConfigError("--set agent=...: expected a JSON object")
+    base = {"kind": args.agent, "base_url": args.agent_base_url or "",
+            "model": args.agent_model or "", "api_key_env": args.agent_api_key_env}  # fmt: skip
+    return AgentConfig.from_json({**base, **(extra or {})})
 
 
 class _View:
@@ -174,6 +198,11 @@ class _View:
                 + (", ".join(f"{k} {v:.3f}" for k, v in f.items()) if f else d.get("reason"))
             )
         elif kind == "round":
+            for e in d.get("agent", []):
+                if e.get("stage") != "accepted":
+                    self.console.print(f"agent {e.get('agent')} ({e.get('direction')}): "
+                                       f"{e.get('status')} at {e.get('stage')}: "
+                                       f"{str(e.get('reason'))[:160]}")  # fmt: skip
             self.head = f"round {d['round']}: direction {', '.join(d['directions']) or '-'}"
             self.rows = {
                 it["key"]: [it["mechanism"], json.dumps(it["params"])[:40], it["source"],
@@ -223,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
                       f"± {k['spread']:.3f}")  # fmt: skip
     console.print(f"plan: {out / 'plan.json'}  report: {out / 'report.html'}  "
                   f"log: {out / 'rounds.jsonl'}")  # fmt: skip
+    if summary.get("sandbox"):
+        console.print(f"agent-written code ran sandboxed: {summary['sandbox']}")
     console.print(f"verify independently: specpilot bench --plan {out / 'plan.json'}")
     return 0
 

@@ -10,7 +10,13 @@ parent (see :mod:`.proc` for framing):
   generate {ids}            -> {op: "tokens", tokens, steps, accept}
   reset    {}               -> {op: "ok"}  (a fresh drafter)
   profile  {prompts, config} -> {op: "report", report}  (the cost model on the built plan)
+  describe {module, ctx, plan} -> {op: "described", mechanisms}  (id, factor, description,
+              space, applicable of an agent-written module's ``MECHANISMS``; no setup needed)
   exit     {}               -> the process exits
+
+With ``--sandbox SPEC`` the child applies :func:`specpilot.agent.sandbox.apply` right after the
+memory limit, before it imports torch or any mechanism module; if that fails it answers every
+request with an error and runs nothing.
 
 Any failure is answered with ``{op: "error", type, message}``. The child never times anything the
 parent relies on: the parent measures wall time around each request itself, and compares every
@@ -101,6 +107,27 @@ class _Server:
         self.decoder.reset()
         return {"op": "ok"}
 
+    def describe(self, msg: dict[str, Any]) -> dict[str, Any]:
+        import importlib
+        from dataclasses import asdict
+
+        from specpilot.mechanisms.base import Context
+        from specpilot.plan import Plan
+
+        ctx = Context(**{**msg["ctx"], "drafters": tuple(msg["ctx"].get("drafters", ()))})
+        plan = Plan.from_json(msg["plan"], where="describe plan")
+        importlib.invalidate_caches()  # the module may have been written after this child started
+        mod = importlib.import_module(str(msg["module"]))
+        out = []
+        for m in getattr(mod, "MECHANISMS", ()):
+            out.append({
+                "id": str(m.id), "factor": str(m.factor), "description": str(m.description),
+                "space": [asdict(p) for p in m.space(ctx, plan)],
+                "applicable": m.applicable(ctx, plan),
+                "wraps_decode": callable(getattr(m, "wrap_decode", None)),
+            })  # fmt: skip
+        return {"op": "described", "mechanisms": out}
+
     def profile(self, msg: dict[str, Any]) -> dict[str, Any]:
         from specpilot.costmodel import ProfileConfig, profile
 
@@ -112,6 +139,17 @@ class _Server:
         return {"op": "report", "report": report.to_json()}
 
 
+def _sandbox(arg: str) -> Exception | None:
+    """Apply the sandbox; the error that refuses every request when it cannot be applied."""
+    from specpilot.agent.sandbox import SandboxError, SandboxSpec, apply
+
+    try:
+        apply(SandboxSpec.from_arg(arg), os.getcwd())
+    except (SandboxError, ValueError, TypeError) as e:
+        return SandboxError(f"sandbox not applied, nothing runs: {e}")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specpilot.pilot.child")
     p.add_argument("--fd-in", type=int, required=True)
@@ -119,9 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-bytes", type=int, default=0)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--parent-pid", type=int, default=0)
+    p.add_argument("--sandbox", default="")
     args = p.parse_args(argv)
     _die_with_parent(args.parent_pid)
     _limit_memory(args.memory_bytes)
+    refused = _sandbox(args.sandbox) if args.sandbox else None
     from specpilot.pilot.proc import read_frame_blocking, write_frame
 
     if args.threads > 0:
@@ -134,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         "generate": server.generate,
         "reset": server.reset,
         "profile": server.profile,
+        "describe": server.describe,
     }
     while True:
         msg = read_frame_blocking(args.fd_in)
@@ -142,9 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         op = msg.get("op")
         handler = handlers.get(op)
         try:
+            if refused is not None:
+                raise refused
             if handler is None:
                 raise ValueError(f"unknown op {op!r}")
-            if op != "setup" and server.decoder is None:
+            if op not in ("setup", "describe") and server.decoder is None:
                 raise ValueError(f"{op} before setup")
             ans = handler(msg)
         except MemoryError as e:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from specpilot.agent.config import AgentConfig
 from specpilot.errors import ConfigError
 from specpilot.mechanisms.base import FACTORS
 from specpilot.pilot.trial import TrialLimits
@@ -64,6 +65,10 @@ class OptimizeConfig:
     registry: bool = True
     """Explore the package's registered mechanisms (False: only ``modules``' ones)."""
     python_path: tuple[str, ...] = ()
+    agent: AgentConfig | None = None
+    """LLM agents proposing mechanisms (``--agent``); None = the built-in explorer only."""
+    reuse_agent_mechanisms: bool = True
+    """Re-apply agent-written mechanisms stored in the memory (sandboxed, forced again)."""
 
     def __post_init__(self) -> None:
         if self.budget_minutes <= 0:
@@ -94,6 +99,8 @@ class OptimizeConfig:
             d["limits"] = TrialLimits(**d["limits"])
             for k in ("modules", "python_path"):
                 d[k] = tuple(d[k])
+            if d.get("agent") is not None:
+                d["agent"] = AgentConfig.from_json(d["agent"])
             return cls(**d)
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(

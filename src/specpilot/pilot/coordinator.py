@@ -167,6 +167,11 @@ class Coordinator:
         self.forcing_cursor = 0
         if self.executor is None:
             self.executor = make_executor(cfg.executor, cfg.workers, cfg.device)
+        from specpilot.agent.explorer import AgentExplorer
+
+        self.agent = AgentExplorer.start(cfg, self.out, self.run_id, self.memory, self.mechs,
+                                         self._ctx, self._log, list(self.journal.records()),
+                                         self.state.plan)  # fmt: skip
         for rec in self.state.trials:  # the sampler's history, and memory (idempotent)
             self._remember(rec, replayed=True)
 
@@ -182,8 +187,9 @@ class Coordinator:
 
     def _spec(self, plan: Mapping[str, Any], steps: Sequence[tuple[str, Any]] = ()) -> ChildSpec:
         steps_t = tuple((m, dict(p)) for m, p in steps)
-        return ChildSpec(self.cfg.model, dict(plan), steps_t, self.cfg.modules,
-                         self.cfg.python_path)  # fmt: skip
+        mods, path, box = self.agent.child_extras(plan, steps_t) if self.agent else ((), (), "")
+        return ChildSpec(self.cfg.model, dict(plan), steps_t, (*self.cfg.modules, *mods),
+                         (*self.cfg.python_path, *path), box)  # fmt: skip
 
     def _ctx(self, plan_json: Mapping[str, Any]) -> Context:
         return bridge.context_of(self.loaded, Plan.from_json(plan_json), 1)
@@ -228,12 +234,12 @@ class Coordinator:
         order = sorted(directions(factors, self.cfg.near_tie), key=lambda f: f in fruitless)
         cands_rec = state.current.candidates
         if cands_rec is None:
-            cands_rec = self._choose(rnd, plan, factors, order)
+            cands_rec = self._choose(rnd, plan, factors, order, prof.get("report"))
         items = cands_rec["items"]
         if not items:  # every applicable mechanism's space is exhausted on this plan
             return None
         self.emit("round", {"round": rnd, "factors": factors, "directions": cands_rec["directions"],
-                            "candidates": items})  # fmt: skip
+                            "candidates": items, "agent": cands_rec.get("agent", [])})  # fmt: skip
         results = self._explore(rnd, plan, items)
         if results is None:
             return None
@@ -245,6 +251,9 @@ class Coordinator:
             "directions": cands_rec["directions"], "winners": winners, "kept": kept,
             "candidates": [{**it, **_brief(results.get(it["key"]))} for it in items],
         }  # fmt: skip
+        if self.agent:
+            after = self.agent.after_round(rnd, items, results, kept)
+            summary.update(agent=[*cands_rec.get("agent", []), *after], sandbox=self.agent.level)
         self._log(summary)
         state.rounds.append(summary)
         state.plan = new_plan
@@ -289,9 +298,9 @@ class Coordinator:
         for k in self.state.rounds[-1].get("kept", []):
             self.memory.set_factor_deltas(k["key"], deltas)
 
-    def _choose(
-        self, rnd: int, plan: Mapping[str, Any], factors: Mapping[str, float], order: list[str]
-    ) -> dict[str, Any]:
+    def _choose(self, rnd: int, plan: Mapping[str, Any], factors: Mapping[str, float],
+                order: list[str], report: Mapping[str, Any] | None = None
+                ) -> dict[str, Any]:  # fmt: skip
         p = Plan.from_json(plan)
         ctx = self._ctx(plan)
         tried = {Candidate(t["steps"][-1][0], t["steps"][-1][1]).key
@@ -305,6 +314,12 @@ class Coordinator:
         )
         chosen: list[str] = []
         items: list[dict[str, Any]] = []
+        agent_log: list[dict[str, Any]] = []
+        if self.agent:  # the agents' candidates first; the built-in explorer fills the round
+            got_a, agent_log = self.agent.propose(rnd, plan, factors, report, order, tried)
+            for it in got_a:
+                steps = [[it["mechanism"], it["params"]]]
+                items.append({**it, "key": trial_key(self.run_id, rnd, "explore", plan, steps)})
         for f in order:  # a factor with nothing (left) to try falls through
             want = self.cfg.candidates_per_round - len(items)
             if want <= 0 or (len(chosen) >= n_dir and items):
@@ -321,7 +336,10 @@ class Coordinator:
                 steps = [[c.mechanism, c.params]]
                 key = trial_key(self.run_id, rnd, "explore", plan, steps)
                 items.append({**c.to_json(), "direction": f, "key": key})
+        chosen += [d for d in dict.fromkeys(it["direction"] for it in items) if d not in chosen]
         rec = {"type": "candidates", "round": rnd, "directions": chosen, "items": items}
+        if self.agent:
+            rec["agent"] = agent_log
         self._log(rec)
         return rec
 
@@ -496,6 +514,8 @@ class Coordinator:
             "final_plan": describe_plan(st.plan), "loop_speedup": gain,
             "kept": [k for r in st.rounds for k in r.get("kept", [])],
         }  # fmt: skip
+        if self.agent:
+            summary["sandbox"] = self.agent.level
         self.emit("done", summary)
         return summary
 

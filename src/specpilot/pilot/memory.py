@@ -10,7 +10,10 @@ Tables:
   * effects    - measured effects of PASS trials: speedup with spread, factor deltas (filled in
                  when the next round's cost model has run on the plan that kept the change);
   * validation - the forcing evidence of each trial: pool (sample / full), prompts, tokens,
-                 status, summary.
+                 status, summary;
+  * agent_sources - agent-written mechanism modules that passed forcing and were kept: SHA-256,
+                 source, mechanism ids and provenance (endpoint model, endpoint, run, round), so
+                 a later run re-applies them without the LLM (:mod:`specpilot.agent`).
 The coordinator is the only writer (one connection, one thread); every write commits before the
 coordinator takes its next step (``synchronous=FULL``). ``export`` / ``import_json`` move entries
 between machines as JSON keyed by context key and idempotency key, never by row ids.
@@ -49,6 +52,9 @@ CREATE TABLE IF NOT EXISTS effects(
 CREATE TABLE IF NOT EXISTS validation(
   id INTEGER PRIMARY KEY, trial_id INTEGER UNIQUE REFERENCES trials(id), pool TEXT,
   n_prompts INTEGER, n_tokens INTEGER, status TEXT, summary TEXT);
+CREATE TABLE IF NOT EXISTS agent_sources(
+  sha256 TEXT PRIMARY KEY, source TEXT NOT NULL, mechanism_ids TEXT, model TEXT, endpoint TEXT,
+  run_id TEXT, round INTEGER, created REAL);
 CREATE INDEX IF NOT EXISTS trials_mech ON trials(mechanism_id);
 CREATE INDEX IF NOT EXISTS effects_mech ON effects(mechanism_id);
 """
@@ -187,6 +193,26 @@ class Memory:
                 (_dump(dict(deltas)), key),
             )
 
+    def add_agent_source(self, source: str, mechanism_ids: list[str], origin: Mapping[str, Any]
+                         ) -> bool:  # fmt: skip
+        """Store a kept agent-written module (idempotent by its SHA-256); False if present."""
+        import hashlib
+
+        sha = hashlib.sha256(source.encode("utf-8")).hexdigest()
+        with self.db:
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO agent_sources(sha256, source, mechanism_ids, model, "
+                "endpoint, run_id, round, created) VALUES(?,?,?,?,?,?,?,?)",
+                (sha, source, _dump(sorted(mechanism_ids)), origin.get("model"),
+                 origin.get("endpoint"), origin.get("run_id"), origin.get("round"), time.time()),
+            )  # fmt: skip
+        return cur.rowcount > 0
+
+    def agent_sources(self) -> list[dict[str, Any]]:
+        """Stored agent-written modules, oldest first (``mechanism_ids`` decoded)."""
+        rows = self.db.execute("SELECT * FROM agent_sources ORDER BY created, sha256").fetchall()
+        return [{**dict(r), "mechanism_ids": json.loads(r["mechanism_ids"] or "[]")} for r in rows]
+
     # -- reads -----------------------------------------------------------------------------------
 
     def has_trial(self, key: str) -> bool:
@@ -262,10 +288,13 @@ class Memory:
         }
 
     def counts(self) -> dict[str, int]:
-        return {
+        out = {
             t: int(self.db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
-            for t in ("contexts", "mechanisms", "trials", "effects", "validation")
+            for t in ("contexts", "mechanisms", "trials", "effects", "validation", "agent_sources")
         }
+        if not out["agent_sources"]:  # shown only when there are some
+            del out["agent_sources"]
+        return out
 
     # -- sharing ---------------------------------------------------------------------------------
 
@@ -305,6 +334,7 @@ class Memory:
             "trials": trials,
             "effects": sorted(effects, key=lambda r: r["trial"]),
             "validation": sorted(validation, key=lambda r: r["trial"]),
+            "agent_sources": rows("SELECT * FROM agent_sources ORDER BY sha256"),
         }
 
     def import_json(self, doc: Any) -> dict[str, int]:
@@ -369,11 +399,30 @@ class Memory:
                              v["status"], v["summary"]),
                         )  # fmt: skip
                         added["validation"] += 1
+                if doc.get("agent_sources"):
+                    added["agent_sources"] = sum(map(self._import_source, doc["agent_sources"]))
         except (KeyError, TypeError) as e:
             raise ConfigError(
                 f"memory import: malformed entry ({e}); nothing was imported"
             ) from None
         return added
+
+    def _import_source(self, a: Mapping[str, Any]) -> int:
+        """One exported agent source; its SHA-256 must match its text (else ConfigError)."""
+        import hashlib
+
+        if hashlib.sha256(a["source"].encode("utf-8")).hexdigest() != a["sha256"]:
+            raise ConfigError(
+                f"memory import: agent source {a['sha256'][:16]} does not match its SHA-256; "
+                "nothing was imported"
+            )
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO agent_sources(sha256, source, mechanism_ids, model, endpoint, "
+            "run_id, round, created) VALUES(?,?,?,?,?,?,?,?)",
+            (a["sha256"], a["source"], a["mechanism_ids"], a.get("model"), a.get("endpoint"),
+             a.get("run_id"), a.get("round"), a.get("created")),
+        )  # fmt: skip
+        return cur.rowcount
 
 
 def _dump(v: Any) -> str:

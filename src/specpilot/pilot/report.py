@@ -163,13 +163,21 @@ def _round_table(r: Mapping[str, Any]) -> str:
             f"<td>{html.escape(str(c.get('reason') or ''))[:200]}</td></tr>"
         )
     kept = ", ".join(f"{k['mechanism']} ({k['speedup']:.3f}x)" for k in r.get("kept", []))
+    agent = "".join(
+        "<li>" + html.escape(f"agent {e.get('agent', '-')} ({e.get('direction', '')}): "
+                             f"{e.get('status')} at {e.get('stage')}: "
+                             f"{e.get('reason') or e.get('mechanism') or ''}"[:400]) + "</li>"
+        for e in r.get("agent", [])
+    )  # fmt: skip
+    if agent:
+        agent = f"<p>Agents (sandbox: {html.escape(str(r.get('sandbox')))}):</p><ul>{agent}</ul>"
     f = r.get("factors") or {}
     fac = ", ".join(f"{k} {v:.3f}" for k, v in f.items())
     return (
         f"<h3>Round {r['round']}: direction {', '.join(r.get('directions', [])) or '-'}</h3>"
         f"<p>factors: {fac or 'n/a'}; kept: {html.escape(kept) or 'nothing'}</p>"
         "<table><tr><th>mechanism</th><th>params</th><th>from</th><th>status</th>"
-        "<th>speedup</th><th>reason</th></tr>" + "".join(rows) + "</table>"
+        "<th>speedup</th><th>reason</th></tr>" + "".join(rows) + "</table>" + agent
     )
 
 
@@ -186,6 +194,13 @@ def render(
         counts[t["result"]["status"]] = counts.get(t["result"]["status"], 0) + 1
     status = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
     title = f"specpilot optimize: run {run.get('run_id', '?')}"
+    box = next((r["sandbox"] for r in rounds if r.get("sandbox")), None)
+    sandbox = (
+        f"<p>Agent-written code ran only in sandboxed trial processes: <b>{html.escape(box)}</b> "
+        "(docs/agent.md lists what each level enforces).</p>"
+        if box
+        else ""
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:900px;margin:2em auto}}
@@ -197,6 +212,7 @@ table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;pad
 Speedups are the loop's own paired measurements (baseline / candidate wall time, median over
 rounds &plusmn; half range); an independent <code>specpilot bench --plan</code> run is the
 figure to quote.</p>
+{sandbox}
 <h2>Cost-model factors per round</h2>
 {svg_factors(profiles)}
 <h2>Speedup per round</h2>

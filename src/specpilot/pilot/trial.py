@@ -85,6 +85,9 @@ class ChildSpec:
     """Extra mechanism modules the child imports (each exposes ``MECHANISMS``)."""
     python_path: tuple[str, ...] = ()
     """Prepended to the child's PYTHONPATH (so ``modules`` can be found)."""
+    sandbox: str = ""
+    """The child's sandbox (:class:`specpilot.agent.sandbox.SandboxSpec` JSON), applied before
+    it imports anything untrusted; empty = none (no agent-written code runs in it)."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,8 @@ class _Child:
         args = ["--memory-bytes", str(job.limits.memory_bytes)]
         if job.limits.threads:
             args += ["--threads", str(job.limits.threads)]
+        if spec.sandbox:
+            args += ["--sandbox", spec.sandbox]
         self.proc = ChildProcess(args, logs / f"{name}.log", tmp, env)
         self.spec = spec
 
