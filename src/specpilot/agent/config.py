@@ -39,6 +39,9 @@ class AgentConfig:
     candidates: int = 1
     """Candidates one agent contributes per round (the built-in explorer fills the rest)."""
     max_tokens: int = 2048
+    max_prompt_chars: int = 0
+    """Cut each message to this many characters (0 = no cut): for small local models whose
+    context cannot hold the whole brief."""
     temperature: float = 0.2
     sandbox: str = "auto"
     """"auto" (the strongest this machine has), "strong" (Landlock + network namespace, else
@@ -70,7 +73,7 @@ class AgentConfig:
         for name in ("timeout_s", "backoff_s", "max_backoff_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"agent {name} must be positive, got {getattr(self, name)}")
-        for name in ("retries", "agents"):
+        for name in ("retries", "agents", "max_prompt_chars"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"agent {name} must be >= 0, got {getattr(self, name)}")
         for name in ("requests_per_round", "candidates", "max_tokens"):

@@ -280,7 +280,8 @@ class AgentExplorer:
             entry: dict[str, Any] = {"agent": i, "direction": brief.direction, "request": req}
             out.entries.append(entry)
             try:
-                text, attempts = self.client.complete(prompt.messages(brief, failures))
+                msgs = prompt.messages(brief, failures, self.acfg.max_prompt_chars)
+                text, attempts = self.client.complete(msgs)
             except cl.AgentError as e:
                 entry.update(stage="endpoint", status=e.kind, reason=e.reason, attempts=e.attempts)
                 if e.kind in (cl.EMPTY, cl.MALFORMED):

@@ -96,8 +96,15 @@ def round_message(brief: RoundBrief, failures: Sequence[Mapping[str, Any]]) -> s
     return "\n\n".join(parts)
 
 
-def messages(brief: RoundBrief, failures: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    return [
+def messages(
+    brief: RoundBrief, failures: Sequence[Mapping[str, Any]], max_chars: int = 0
+) -> list[dict[str, str]]:
+    """The chat messages of one request (each cut to ``max_chars`` when positive)."""
+    out = [
         {"role": "system", "content": system_message()},
         {"role": "user", "content": round_message(brief, failures)},
     ]
+    if max_chars > 0:
+        for m in out:
+            m["content"] = m["content"][:max_chars]
+    return out
