@@ -109,6 +109,23 @@ def test_kill_then_resume_loses_no_trial(tmp_path: Path) -> None:
     m = Memory(mem)
     assert m.counts()["trials"] == len(after) == 3
     assert len(m.list_entries()) == 2  # two PASS trials with a speedup (explore, integrate)
+    m.close()
+
+    # a second run with this memory starts by recalling the winner: one trial, not three
+    again = tmp_path / "again"
+    _run_ok([*first[: first.index("--out")], "--out", str(again),
+             *first[first.index("--out") + 2 :]], env, tmp_path)  # fmt: skip
+    trials = _trials(again / "journal.jsonl")
+    assert [t["kind"] for t in trials] == ["recall"]
+    assert trials[0]["steps"] == [["slow_kernel", {"fast": True}]]
+    assert trials[0]["result"]["status"] == "PASS"
+    assert trials[0]["result"]["forcing"]["n_prompts"] == 3  # the whole held-back pool
+    rounds = [json.loads(line) for line in (again / "rounds.jsonl").read_text().splitlines()]
+    assert rounds[0]["directions"] == ["memory"] and rounds[0]["kept"]
+    assert load_plan(again).options["slow_kernel"] == {"fast": True}
+    m = Memory(mem)
+    assert len(m.list_entries()) == 3  # the recall trial is one mechanism: its effect counts
+    m.close()
 
 
 def _run_ok(cmd: list[str], env: dict[str, str], cwd: Path) -> None:

@@ -57,6 +57,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mechanisms", action="append", default=[], metavar="MODULE",
                    help="extra module exposing MECHANISMS (repeatable)")  # fmt: skip
+    p.add_argument("--no-recall", action="store_true",
+                   help="do not start by trying memory's remembered winners stacked")  # fmt: skip
     p.add_argument("--no-registry", action="store_true",
                    help="explore only the --mechanisms modules' mechanisms")  # fmt: skip
     p.add_argument("--python-path", action="append", default=[], help=argparse.SUPPRESS)
@@ -131,7 +133,8 @@ def _config(args: argparse.Namespace) -> Any:
         workers=workers, executor=args.executor, device=args.device, seed=args.seed,
         max_new_tokens=args.max_new_tokens, candidates_per_round=args.candidates,
         max_rounds=args.max_rounds, limits=limits, modules=tuple(args.mechanisms),
-        python_path=tuple(args.python_path), registry=not args.no_registry, agent=agent,
+        python_path=tuple(args.python_path), registry=not args.no_registry,
+        recall=not args.no_recall, agent=agent,
     )  # fmt: skip
     fields.update(extra)
     return OptimizeConfig(**fields)

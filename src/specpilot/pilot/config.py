@@ -64,6 +64,8 @@ class OptimizeConfig:
     """Extra mechanism modules (each exposes ``MECHANISMS``)."""
     registry: bool = True
     """Explore the package's registered mechanisms (False: only ``modules``' ones)."""
+    recall: bool = True
+    """Before the first round, try memory's best remembered winners stacked (:mod:`.recall`)."""
     python_path: tuple[str, ...] = ()
     agent: AgentConfig | None = None
     """LLM agents proposing mechanisms (``--agent``); None = the built-in explorer only."""

@@ -168,7 +168,9 @@ class Memory:
                  result.get("speedup"), result.get("spread"), _dump(result), time.time()),
             )  # fmt: skip
             tid = cur.lastrowid
-            if result["status"] == "PASS" and result.get("speedup") is not None and mech:
+            # a stacked trial's speedup belongs to no single mechanism: no effect from it
+            single = len(steps) == 1
+            if result["status"] == "PASS" and result.get("speedup") is not None and single:
                 self.db.execute(
                     "INSERT INTO effects(trial_id, context_id, mechanism_id, params, speedup, "
                     "spread, factor_deltas) VALUES(?,?,?,?,?,?,?)",
