@@ -21,7 +21,7 @@ import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -177,20 +177,24 @@ class AgentExplorer:
         entries, todo = [], []
         for s in stored:
             try:
-                check_source(s["source"], self._taken())
+                infos = check_source(s["source"], self._taken())
             except StaticReject as e:
                 entries.append({"stage": "static", "status": "rejected", "sha": s["sha256"],
                                 "reason": str(e)})  # fmt: skip
                 continue
             m = write_source(self.root, s["source"])
             m.origin = {k: s.get(k) for k in ("model", "endpoint", "run_id", "round")}
-            todo.append(m)
+            todo.append((m, [(x.id, x.factor) for x in infos]))
         describer = self._describer(self.ctx_of(plan), plan)
         try:
-            outcomes = [describer.describe(m) for m in todo]
+            outcomes = [describer.describe(m) for m, _ in todo]
         finally:
             describer.close()
-        for m, got in zip(todo, outcomes, strict=True):
+        for (m, static), got in zip(todo, outcomes, strict=True):
+            ids = [(d["id"], d["factor"]) for d in got.mechanisms]
+            if got.ok and (ids != static or {i for i, _ in ids} & set(self.mechs)):
+                why = f"described ids {ids} differ from the source's or are taken"
+                got = replace(got, ok=False, status="rejected", reason=why)
             if got.ok:
                 m.mechanisms = got.mechanisms
                 self._register(m)
@@ -235,7 +239,7 @@ class AgentExplorer:
         briefs = [prompt.RoundBrief(rnd, order[i % len(order)], dict(factors), dict(report or {}),
                                     dict(plan), avail, memory) for i in range(n)]  # fmt: skip
         with ThreadPoolExecutor(n, thread_name_prefix="specpilot-agent") as pool:
-            rounds = list(pool.map(lambda i: self._ask(i, briefs[i], ctx, p, set(tried)), range(n)))
+            rounds = list(pool.map(lambda i: self._guarded(i, briefs[i], ctx, p, tried), range(n)))
         items: list[dict[str, Any]] = []
         log: list[dict[str, Any]] = []
         for i, ar in enumerate(rounds):
@@ -256,6 +260,16 @@ class AgentExplorer:
                 items.append({"mechanism": acc.mechanism, "params": acc.params, "source": "agent",
                               "direction": briefs[i].direction, "agent": i})  # fmt: skip
         return items, log
+
+    def _guarded(self, i: int, brief: prompt.RoundBrief, ctx: Context, plan: Plan,
+                 tried: set[str]) -> _AgentRound:  # fmt: skip
+        """:meth:`_ask`; a harness error is recorded, never raised: the round goes on."""
+        try:
+            return self._ask(i, brief, ctx, plan, set(tried))
+        except Exception as e:
+            why = f"harness error: {type(e).__name__}: {e}"[:500]
+            entry = {"agent": i, "direction": brief.direction, "request": -1}
+            return _AgentRound([{**entry, "stage": "internal", "status": "error", "reason": why}])
 
     def _ask(self, i: int, brief: prompt.RoundBrief, ctx: Context, plan: Plan, tried: set[str]
              ) -> _AgentRound:  # fmt: skip
@@ -390,7 +404,7 @@ class AgentExplorer:
             if m is None:
                 continue
             source = (Path(m.directory) / f"{m.module}.py").read_text()
-            origin = {**m.origin, "run_id": self.run_id}
+            origin = {"run_id": self.run_id, **m.origin}  # a reused module keeps its own
             origin["round"] = rnd if origin.get("round") is None else origin["round"]
             if self.memory.add_agent_source(source, [x["id"] for x in m.mechanisms], origin):
                 out.append({"stage": "stored", "status": "stored", "sha": m.sha,
