@@ -271,3 +271,32 @@ def test_shipped_head_drafter_is_complete_and_small() -> None:
     assert state["vocab_ids"].numel() == cfg.draft_vocab
     rec = json.loads((d / "training_record.json").read_text())
     assert rec["command"].startswith("specpilot train-drafter") and rec["eval_final"]["tau"] > 1.5
+
+
+def test_packed_inference_matches_modules_and_never_goes_stale() -> None:
+    """pack(): the packed linears give the module's numbers (the bf16 LM head to bf16
+    precision), are bypassed under autograd, and are dropped once a training step changed the
+    weights."""
+    target = tiny_model(seed=1)
+    net = make_net("head", target)
+    taps = torch.randn(1, 5, len(TAPS), target.cfg.dim, generator=torch.Generator().manual_seed(2))
+    toks = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        plain_x = net.entries(taps, toks)
+        plain = net.logits(plain_x)
+    if not net.pack():
+        pytest.skip("no oneDNN linear in this torch build")
+    assert net.fast and net.layers[0].fast and net.head_fn is not None
+    with torch.no_grad():
+        x = net.entries(taps, toks)
+        assert torch.allclose(x, plain_x, atol=1e-5)
+        assert torch.allclose(net.logits(x), plain, atol=5e-2, rtol=2e-2)
+    opt = torch.optim.SGD(net.parameters(), lr=1.0)
+    net.entries(taps, toks).square().mean().backward()  # autograd: the modules themselves
+    opt.step()
+    with torch.no_grad():
+        after = net.entries(taps, toks)
+        net.fast = {}  # what a fresh pack-less forward gives with the new weights
+        want = net.entries(taps, toks)
+    assert not torch.allclose(after, plain_x, atol=1e-3)
+    assert torch.equal(after, want)

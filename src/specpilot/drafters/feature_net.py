@@ -90,6 +90,41 @@ class FeatureNetConfig:
             raise DrafterError(f"drafter config.json is malformed: {e}") from None
 
 
+def fast_linear(mod: nn.Module, name: str, x: Tensor) -> Tensor:
+    """``getattr(mod, name)(x)``, through its packed copy when :meth:`FeatureNet.pack` made one,
+    autograd is off and the weight has not changed since."""
+    lin = getattr(mod, name)
+    packed = getattr(mod, "fast", {}).get(name)
+    if packed is not None and not torch.is_grad_enabled() and packed[0] == lin.weight._version:
+        return packed[1](x)
+    return lin(x)
+
+
+def _bf16_gemm() -> bool:
+    """Whether oneDNN runs bf16 GEMMs natively on this CPU (AVX512-BF16 / AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class _Bf16Linear(nn.Module):
+    """fp32 in, fp32 out, bf16 prepacked weights (the drafter's LM head: halves its bytes; the
+    drafter's numbers never reach the output, the target verifies every token)."""
+
+    def __init__(self, weight: Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(
+            weight.detach().to(torch.bfloat16).contiguous(), 8
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
+        return y.float().reshape(*x.shape[:-1], self.out_features)
+
+
 def rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
     """Rotary embedding of ``x`` (..., T, H, hd) at positions ``pos`` (..., T)."""
     hd = x.shape[-1]
@@ -120,7 +155,7 @@ class DraftLayer(nn.Module):
         """q (B, H, T, hd), k and v (B, Hk, T, hd) of ``x`` (B, T, dim) at ``pos`` (B, T)."""
         c = self.cfg
         b, t, _ = x.shape
-        qkv = self.qkv(self.norm1(x))
+        qkv = fast_linear(self, "qkv", self.norm1(x))
         q = qkv[..., : c.n_heads * c.head_dim].view(b, t, c.n_heads, c.head_dim)
         k = qkv[..., c.n_heads * c.head_dim : (c.n_heads + c.n_kv_heads) * c.head_dim]
         k = k.reshape(b, t, c.n_kv_heads, c.head_dim)
@@ -136,10 +171,10 @@ class DraftLayer(nn.Module):
         then the MLP; returns the layer output (B, T, dim)."""
         b, _, t, _ = q.shape
         o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask[:, None], enable_gqa=True)
-        h = x + self.o(o.transpose(1, 2).reshape(b, t, -1))
-        gu = self.gate_up(self.norm2(h))
+        h = x + fast_linear(self, "o", o.transpose(1, 2).reshape(b, t, -1))
+        gu = fast_linear(self, "gate_up", self.norm2(h))
         i = gu.shape[-1] // 2
-        return h + self.down(F.silu(gu[..., :i]) * gu[..., i:])
+        return h + fast_linear(self, "down", F.silu(gu[..., :i]) * gu[..., i:])
 
 
 class FeatureNet(nn.Module):
@@ -191,17 +226,38 @@ class FeatureNet(nn.Module):
         self.head = head.detach()[self.vocab_ids.to(head.device)].to(dt).contiguous()
         self.head_fn = None
 
+    def pack(self) -> bool:
+        """Inference-only oneDNN-prepacked copies of every linear (fp32 CPU; the LM-head rows in
+        bf16 where the CPU has native bf16 GEMMs). The GEMV -> GEMM switch of stock linears
+        repacks weights per call, which dominated drafting. Used only without autograd and
+        while the weights are unchanged (a training step bumps their version and the module
+        itself is used again). Returns whether anything was packed."""
+        from specpilot.model import PackedLinear, onednn_available
+
+        if self.norm.weight.device.type != "cpu" or self.norm.weight.dtype != torch.float32:
+            return False
+        if not onednn_available():
+            return False
+        for mod in (self, *self.layers):
+            mod.fast = {}
+            for name, lin in mod.named_children():
+                if isinstance(lin, nn.Linear):
+                    mod.fast[name] = (lin.weight._version, PackedLinear(lin.weight, lin.bias))
+        if self.head is not None:
+            self.head_fn = _Bf16Linear(self.head) if _bf16_gemm() else PackedLinear(self.head, None)
+        return True
+
     def entries(self, taps: Tensor, next_tokens: Tensor) -> Tensor:
         """Entry inputs (B, T, dim) from tapped states (B, T, n_taps, dim) and tokens (B, T)."""
         b, t, n, d = taps.shape
-        g = self.fuse(taps.reshape(b, t, n * d))
+        g = fast_linear(self, "fuse", taps.reshape(b, t, n * d))
         return self.step_input(g, next_tokens)
 
     def step_input(self, g: Tensor, tokens: Tensor) -> Tensor:
         """Layer input from a feature ``g`` (B, T, dim) and the token that follows it (B, T)."""
         assert self.embed is not None, "attach() the target's embedding first"
         e = F.embedding(tokens, self.embed)
-        return self.in_proj(torch.cat([self.norm_e(e), self.norm_g(g)], dim=-1))
+        return fast_linear(self, "in_proj", torch.cat([self.norm_e(e), self.norm_g(g)], dim=-1))
 
     def logits(self, h: Tensor) -> Tensor:
         """Draft-vocabulary logits (..., draft_vocab) of layer outputs ``h`` (..., dim)."""

@@ -24,7 +24,6 @@ from specpilot.drafters.base import DraftContext
 from specpilot.drafters.expand import Nodes, expand_spec
 from specpilot.drafters.feature_net import FeatureNet
 from specpilot.errors import ContextLengthError, DrafterError
-from specpilot.model import PackedLinear, onednn_available
 from specpilot.tree import DraftTree, TreeSpec
 
 
@@ -44,9 +43,7 @@ class FeatureDrafter:
         self.hidden_layers: tuple[int, ...] = tuple(net.cfg.taps)
         self.max_len = max_len
         self.vocab_ids = net.vocab_ids.to(net.head.device)
-        dev, dt = net.head.device, net.head.dtype
-        if dev.type == "cpu" and dt == torch.float32 and onednn_available():
-            net.head_fn = PackedLinear(net.head, None)
+        net.pack()
         self._k: list[Tensor] = []
         self._v: list[Tensor] = []
         self._m = 0
