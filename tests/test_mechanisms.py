@@ -273,3 +273,19 @@ def test_context_of() -> None:
     assert ctx.params_m == pytest.approx(n, rel=1e-3)
     with pytest.raises(ConfigError, match="batch size"):
         context_of(lm, Plan(), 0)
+
+
+def test_context_offers_the_shipped_trained_drafter_of_its_target() -> None:
+    """drafter_choice can pick the trained head only where one ships for this very target."""
+    import json
+    from dataclasses import replace
+
+    from specpilot.drafters.trained import shipped_drafters
+
+    shipped = shipped_drafters()
+    assert shipped, "the package ships a head drafter"
+    cfg = json.loads((shipped[0] / "config.json").read_text())
+    lm = loaded()
+    assert "head" not in context_of(lm, Plan(), 1).drafters
+    ours = replace(lm, fingerprint=cfg["extra"]["target_fingerprint"])
+    assert context_of(ours, Plan(), 1).drafters == ("lookup", "suffix", "head", "head+suffix")

@@ -17,17 +17,19 @@ their own subprocess.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from specpilot.drafters.base import Drafter
 from specpilot.engine import Engine, EngineConfig
-from specpilot.errors import ConfigError
+from specpilot.errors import ConfigError, DrafterError
 from specpilot.mechanisms.base import Context
 from specpilot.plan import Plan
 from specpilot.tree import TreeSpec
@@ -115,8 +117,25 @@ def context_of(
         dtype=plan.engine.dtype,
         batch_size=batch_size,
         threads=threads,
-        drafters=tuple(dict.fromkeys((*TRAINING_FREE, *drafters))),
+        drafters=tuple(dict.fromkeys((*TRAINING_FREE, *shipped_for(loaded), *drafters))),
     )
+
+
+def shipped_for(loaded: Any) -> tuple[str, ...]:
+    """Trained drafters shipped for ``loaded`` ("head" and "head+suffix" when one ships)."""
+    fingerprint = getattr(loaded, "fingerprint", None)
+    return _shipped(fingerprint) if isinstance(fingerprint, str) else ()
+
+
+@functools.cache
+def _shipped(fingerprint: str) -> tuple[str, ...]:
+    from specpilot.drafters.trained import shipped_drafter
+
+    try:
+        shipped_drafter(SimpleNamespace(fingerprint=fingerprint), "head")
+    except DrafterError:
+        return ()
+    return ("head", "head+suffix")
 
 
 def plan_options(plan: Plan) -> dict[str, Any]:

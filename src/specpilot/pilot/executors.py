@@ -126,6 +126,7 @@ class RayExecutor:
                 configure_logging=False,
             )
         self.workers = workers
+        self.env = _thread_env()
         self._remote = ray.remote(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=0)(_TrialActor)
         self._free: queue.Queue[Any] = queue.Queue()
         for _ in range(workers):
@@ -134,6 +135,7 @@ class RayExecutor:
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="specpilot-ray")
 
     def _call(self, method: str, job: Any) -> Any:
+        job = replace(job, env={**self.env, **job.env})
         actor = self._free.get()
         try:
             ref = getattr(actor, method).remote(job)
@@ -162,6 +164,18 @@ class RayExecutor:
         self.pool.shutdown(wait=True, cancel_futures=True)
         while not self._free.empty():
             self.ray.kill(self._free.get_nowait())
+
+
+def _thread_env() -> dict[str, str]:
+    """The coordinator's thread settings for trial children started by Ray actors: Ray sets
+    ``OMP_NUM_THREADS`` to an actor's CPU count (1), which would make every child - baseline and
+    candidate alike - run single-threaded, unlike the local executor's."""
+    import os
+
+    import torch
+
+    n = os.environ.get("OMP_NUM_THREADS") or str(torch.get_num_threads())
+    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS") or n}
 
 
 def make_executor(kind: str, workers: int, device: str) -> Executor:
