@@ -73,6 +73,7 @@ class ChatClient:
             except AgentError as e:
                 e.attempts = attempt + 1
                 e.reason = self.scrub(e.reason)
+                e.args = (e.reason,)
                 if e.kind not in RETRIED or attempt == cfg.retries:
                     raise
                 self.sleep(self._delay(attempt, e.retry_after))
@@ -103,7 +104,7 @@ class ChatClient:
         except oa.APIStatusError as e:
             kind = UNREACHABLE if e.status_code >= 500 else HTTP_ERROR
             raise AgentError(kind, f"HTTP {e.status_code}: {_body(e)}") from None
-        except oa.APIError as e:  # e.g. a 200 whose body is not a completion
+        except (oa.APIError, ValueError) as e:  # e.g. a 200 whose body is not a completion
             raise AgentError(MALFORMED, f"malformed reply: {type(e).__name__}: {e}") from None
         try:
             choice = resp.choices[0]
