@@ -1,6 +1,6 @@
 """Where a trained head's drafting step goes: torch.profiler around ``propose``.
 
-    python bench/profile_head_drafter.py [--workload chat] [--limit 3] [--budget 32 --topk 8 --depth 8]
+    python bench/profile_head_drafter.py [--workload chat] [--limit 3] [--budget 32 --depth 8]
 
 Decodes ``limit`` prompts with the shipped head drafter (the first one warms up), prints the
 measured ``propose`` time per step and the profiler's operator table (the ``PROPOSE`` row's self
