@@ -139,12 +139,14 @@ def test_stored_mechanism_reapplied_without_the_llm(
     summary = Coordinator(cfg).run()
     (reuse,) = _records(tmp_path / "run", "agent_reuse")
     assert [e["status"] for e in reuse["agent"]] == ["reused"]
-    (cands,) = _records(tmp_path / "run", "candidates")
-    assert [(c["mechanism"], c["source"]) for c in cands["items"]] == [("agent_unslow", "memory")]
-    trials = _trials(tmp_path / "run")
-    assert trials[("explore", "agent_unslow")]["status"] == "PASS"
-    assert trials[("explore", "agent_unslow")]["forcing"]["n_prompts"] == 2  # forced again
-    assert [k["mechanism"] for k in summary["kept"]] == ["agent_unslow"]
+    # through the memory: the recall trial (stacked remembered winners) or a memory candidate
+    trials = [t for t in _records(tmp_path / "run", "trial")
+              if ["agent_unslow", {}] in t["steps"]]  # fmt: skip
+    assert trials and all(t["result"]["status"] == "PASS" for t in trials)
+    assert trials[0]["result"]["forcing"]["n_prompts"] >= 2  # token-forced again
+    assert ["agent_unslow" in k["mechanism"] for k in summary["kept"]] == [True]
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert "agent_unslow" in [m["id"] for m in plan["mechanisms"]]
     assert summary["sandbox"]
     _no_agent_module_imported()
 
