@@ -42,8 +42,7 @@ from specpilot.pilot.executors import Executor, make_executor
 from specpilot.pilot.journal import Journal, RunState, replay
 from specpilot.pilot.memory import Memory
 from specpilot.pilot.proc import TimingSlot
-from specpilot.pilot.recall import label as recall_label
-from specpilot.pilot.recall import recall_steps
+from specpilot.pilot.recall import RecallMixin
 from specpilot.pilot.reference import ReferenceCache, ar_decoder
 from specpilot.pilot.report import describe_plan
 from specpilot.pilot.search import Candidate, Search, pick_winners, propose_useful
@@ -61,7 +60,7 @@ from specpilot.plan import Plan, save_plan
 EventFn = Callable[[str, dict[str, Any]], None]
 
 
-class Coordinator:
+class Coordinator(RecallMixin):
     """One optimization run (fresh or resumed) in ``cfg.out``."""
 
     def __init__(
@@ -266,62 +265,6 @@ class Coordinator:
         self._save_outputs()
         self.emit("round_end", summary)
         return bool(kept)
-
-    def _recall_pending(self) -> bool:
-        """Recall runs once, before anything else of the first round (also after a resume
-        that stopped inside it)."""
-        st = self.state
-        assert st is not None
-        return (self.cfg.recall and st.round == 0 and st.current.profile is None
-                and all(t["kind"] == "recall" for t in st.trials))  # fmt: skip
-
-    def _recall(self, rnd: int) -> None:
-        """Memory's best remembered winners for this context, stacked and verified on the whole
-        held-back pool as one trial; kept (as round ``rnd``) only if lossless and faster than
-        the spread."""
-        st = self.state
-        assert st is not None
-        plan = st.plan
-
-        def apply(pl: Plan, mid: str, params: Mapping[str, Any]) -> Plan:
-            return bridge.apply_steps(pl, [(mid, params)], self.mechs,
-                                      lambda q: bridge.context_of(self.loaded, q, 1))  # fmt: skip
-
-        steps = recall_steps(self.memory, self.mechs, self._ctx(plan), Plan.from_json(plan), apply)
-        if not steps:
-            return
-        job_steps = [[m, p] for m, p in steps]
-        key = trial_key(self.run_id, rnd, "recall", plan, job_steps)
-        item = {"mechanism": recall_label(steps), "params": {"steps": job_steps},
-                "source": "memory", "direction": "memory", "key": key}  # fmt: skip
-        self.emit("round", {"round": rnd, "factors": {}, "directions": ["memory"],
-                            "candidates": [item]})  # fmt: skip
-        res = st.current.trials.get(key)
-        if res is None:
-            try:
-                self._references([*self.held, *(p for r in self.timed for p in r)])
-            except _OutOfBudget:
-                return
-            if self.left() < self._estimate("integrate"):
-                return
-            job = self._job(rnd, key, plan, job_steps, self.held)
-            self.emit("trial_start", {"round": rnd, "kind": "recall", **item})
-            res = self._record(rnd, "recall", key, plan, job_steps,
-                               self.executor.submit(job).result())  # type: ignore[union-attr]  # fmt: skip
-        gain = (res.get("speedup") or 0.0) - 1
-        ok = res["status"] == PASS and gain > max(res.get("spread") or 0.0, self.cfg.min_gain)
-        kept = [{**item, "speedup": res["speedup"], "spread": res["spread"]}] if ok else []
-        new_plan = res["plan"] if ok and res.get("plan") else plan
-        summary = {"type": "round_end", "round": rnd, "base": plan_hash(plan), "plan": new_plan,
-                   "factors": {}, "directions": ["memory"], "winners": kept, "kept": kept,
-                   "candidates": [{**item, **_brief(res)}]}  # fmt: skip
-        self._log(summary)
-        st.rounds.append(summary)
-        st.plan = new_plan
-        st.round = rnd + 1
-        st.current = type(st.current)()
-        self._save_outputs()
-        self.emit("round_end", summary)
 
     def _profile(self, rnd: int, plan: Mapping[str, Any]) -> dict[str, Any]:
         cfg = self.cfg
