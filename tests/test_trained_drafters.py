@@ -300,3 +300,22 @@ def test_packed_inference_matches_modules_and_never_goes_stale() -> None:
         want = net.entries(taps, toks)
     assert not torch.allclose(after, plain_x, atol=1e-3)
     assert torch.equal(after, want)
+
+
+@pytest.mark.parametrize("spec", [SPECS[0], SPECS[2]])
+def test_cost_model_replay_of_a_head_reproduces_the_engine(spec: TreeSpec) -> None:
+    """The replay feeds a feature drafter the target's states along the reference (one causal
+    forward, ``Engine.hidden_states``): its plan-tree replay takes exactly the engine's steps."""
+    from specpilot.costmodel.replay import ReplaySpecs, greedy_steps, replay_prompt
+
+    target = tiny_model(seed=3)
+    engine = Engine(target)
+    net = make_net("head", target, seed=4)
+    gen = GenerationConfig(max_new_tokens=24)
+    specs = ReplaySpecs.for_plan(spec, 8, 4, 4)
+    for prompt in ([1, 2, 3, 4, 5], [7, 7, 7, 9]):
+        res = engine.generate(prompt, gen, drafter=HeadDrafter(net), spec=spec)
+        hidden = engine.hidden_states([*prompt, *res.tokens], TAPS)
+        assert [h.shape[0] for h in hidden] == [len(prompt) + len(res.tokens)] * len(TAPS)
+        rep = replay_prompt(HeadDrafter(net), prompt, res.tokens, specs, (1, 4, 8), None, hidden)
+        assert greedy_steps(rep.plan) == res.steps

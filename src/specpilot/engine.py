@@ -167,6 +167,26 @@ class Engine:
             self.model.setup_cache(min(size, max(need, self.context_len)), attention=self.attention)
 
     @torch.no_grad()
+    def hidden_states(self, tokens: Sequence[int], layers: Sequence[int]) -> tuple[Tensor, ...]:
+        """Per tapped layer, the target's hidden states (len(tokens), dim) of ``tokens`` in one
+        causal forward (what a trained drafter reads; the cost model's replay uses it)."""
+        n = len(tokens)
+        if n == 0:
+            raise ConfigError("empty token sequence")
+        self._ensure_cache(n + 1)
+        dev = self.model.device
+        out = self.model(
+            torch.tensor([list(tokens)], device=dev),
+            torch.arange(n, device=dev)[None],
+            0,
+            n,
+            causal_mask(0, n, n, dev),
+            logits_rows=slice(n - 1, n),
+            hidden_layers=tuple(layers),
+        )
+        return tuple(h[0] for h in out.hidden)
+
+    @torch.no_grad()
     def generate(
         self,
         prompt: Sequence[int],

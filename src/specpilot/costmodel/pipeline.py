@@ -21,6 +21,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from specpilot.costmodel.hardware import Hardware, detect
 from specpilot.costmodel.measure import ClassTimes, profiled, time_verify
@@ -163,7 +164,7 @@ def profile(
     draft_s: dict[int, list[float]] = {}
     if probe is not None:
         grid = (0, *budget_grid(cfg.max_budget, plan_nodes))
-        replays, draft_s = _replay(prompts, refs, make_drafter, spec, cfg, grid, progress)
+        replays, draft_s = _replay(engine, prompts, refs, make_drafter, spec, cfg, grid, progress)
     curves = tau_curves(replays, grid)
     phases["replay"] = time.perf_counter() - t
 
@@ -285,6 +286,7 @@ def _runs(
 
 
 def _replay(
+    engine: Engine,
     prompts: Sequence[tuple[str, list[int]]],
     refs: list[GenerationResult],
     make_drafter: Callable[[], Drafter | None],
@@ -305,15 +307,17 @@ def _replay(
     seen = 0
     replays = []
     for i, ((_, ids), ref) in enumerate(zip(prompts, refs, strict=True)):
+        taps = tuple(getattr(drafter, "hidden_layers", ()))
+        hidden = engine.hidden_states([*ids, *ref.tokens], taps) if taps else ()
 
-        def timer(c: int, tokens: list[int], p: int = len(ids)) -> None:
+        def timer(c: int, tokens: list[int], p: int = len(ids), h: Any = hidden) -> None:
             nonlocal seen
             if seen % stride == 0:
-                for n, s in time_proposes(drafter, tokens, p, timed).items():
+                for n, s in time_proposes(drafter, tokens, p, timed, h).items():
                     draft_s[n].append(s)
             seen += 1
 
-        replays.append(replay_prompt(drafter, ids, ref.tokens, specs, grid, timer))
+        replays.append(replay_prompt(drafter, ids, ref.tokens, specs, grid, timer, hidden))
         if progress is not None:
             progress("replay", i + 1, len(prompts))
     return replays, draft_s

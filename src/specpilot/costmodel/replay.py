@@ -42,6 +42,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from torch import Tensor
+
 from specpilot.drafters.base import DraftContext, Drafter
 from specpilot.tree import DraftTree, TreeSpec, select_best, verify_greedy
 
@@ -183,17 +185,25 @@ def replay_prompt(
     specs: ReplaySpecs,
     grid: Sequence[int],
     timer: DraftTimer | None = None,
+    hidden: Sequence[Tensor] = (),
 ) -> PromptReplay:
     """Teacher-force ``drafter`` along ``prompt + out`` (begin, propose at every position in
-    order, finish) and record the accepted lengths (no target forward)."""
+    order, finish) and record the accepted lengths (no target forward). ``hidden``: for drafters
+    that read target features, per tapped layer the target's states of ``prompt + out`` (each
+    position's new rows go with the first propose there, as the engine sends them)."""
     prompt, out = list(prompt), list(out)
     p, t = len(prompt), len(out)
     res = PromptReplay(p, t, {n: [] for n in grid if n > 0}, [], [])
     drafter.begin(prompt)
+    fed = 0
     for c in range(1, t):
         tokens = prompt + out[:c]
         cont = out[c:]
-        trees = {s: drafter.propose(DraftContext(tokens, p, s)) for s in specs.union}
+        trees = {}
+        for s in specs.union:
+            rows = tuple(h[fed : len(tokens) - 1] for h in hidden)
+            fed = len(tokens) - 1 if hidden else 0
+            trees[s] = drafter.propose(DraftContext(tokens, p, s, rows))
         cand = trees[specs.best_first]
         for n, acc in res.best_first.items():
             acc.append(accepted_length(select_best(cand, n), cont))
@@ -232,12 +242,18 @@ def tau_curves(replays: Sequence[PromptReplay], grid: Sequence[int]) -> TauCurve
 
 
 def time_proposes(
-    drafter: Drafter, tokens: list[int], prompt_len: int, specs: dict[int, TreeSpec]
+    drafter: Drafter,
+    tokens: list[int],
+    prompt_len: int,
+    specs: dict[int, TreeSpec],
+    hidden: Sequence[Tensor] = (),
 ) -> dict[int, float]:
-    """Seconds of one ``propose`` per budget at the current position (drafter already synced)."""
+    """Seconds of one ``propose`` per budget at the current position (drafter already synced;
+    a feature drafter gets no new rows: ``hidden`` only gives their shape)."""
+    none = tuple(h[:0] for h in hidden)
     out = {}
     for n, spec in specs.items():
         t = time.perf_counter()
-        drafter.propose(DraftContext(tokens, prompt_len, spec))
+        drafter.propose(DraftContext(tokens, prompt_len, spec, none))
         out[n] = time.perf_counter() - t
     return out

@@ -113,6 +113,8 @@ class FeatureDrafter:
                 f"from {start}; call begin() at the start of each sequence"
             )
         self._ensure(n - 1 + scratch)
+        if n_new == 0 and self._last is not None:  # another tree at the same position
+            return self._last
         dev, dt = self.net.head.device, self.net.head.dtype
         taps = torch.stack([h.to(device=dev, dtype=dt) for h in ctx.hidden], dim=1)[None]
         nxt = torch.tensor([tokens[start + 1 : n]], device=dev)  # (1, n_new)
