@@ -122,3 +122,13 @@ def test_directions_and_idempotency_keys() -> None:
     assert a == trial_key("run", 0, "explore", dict(plan), [["chain_length", {"k": 4}]])
     assert a != trial_key("run", 1, "explore", plan, [["chain_length", {"k": 4}]])
     assert a != trial_key("run", 0, "explore", plan, [["chain_length", {"k": 5}]])
+
+
+def test_optimize_makes_model_paths_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trial processes run in scratch directories: a relative model path must reach them whole."""
+    from specpilot.cli_optimize import _model_ref
+
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert _model_ref("models/m") == str(tmp_path / "models" / "m")
+    assert _model_ref("smollm2-135m") == "smollm2-135m"  # a known name, not a path

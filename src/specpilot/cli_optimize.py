@@ -128,7 +128,7 @@ def _config(args: argparse.Namespace) -> Any:
         extra["limits"] = TrialLimits(**{**asdict(limits), **extra["limits"]})
     agent = _agent(args, extra.pop("agent", None))
     fields = dict(
-        out=str(out), model=args.model, memory=memory, texts=tuple(texts),
+        out=str(out), model=_model_ref(args.model), memory=memory, texts=tuple(texts),
         start_plan=start, drafter=args.drafter, budget_minutes=args.budget_minutes,
         workers=workers, executor=args.executor, device=args.device, seed=args.seed,
         max_new_tokens=args.max_new_tokens, candidates_per_round=args.candidates,
@@ -153,6 +153,13 @@ def _agent(args: argparse.Namespace, extra: Any) -> Any:
     base = {"kind": args.agent, "base_url": args.agent_base_url or "",
             "model": args.agent_model or "", "api_key_env": args.agent_api_key_env}  # fmt: skip
     return AgentConfig.from_json({**base, **(extra or {})})
+
+
+def _model_ref(model: str) -> str:
+    """A model path made absolute (trial processes run in their own scratch directories); a
+    known name is kept."""
+    p = Path(model).expanduser()
+    return str(p.resolve()) if p.exists() else model
 
 
 class _View:

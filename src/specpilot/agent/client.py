@@ -47,7 +47,7 @@ class ChatClient:
             import openai
         except ImportError:
             raise ConfigError(
-                "--agent openai needs the openai package: pip install 'openai>=1.0'"
+                "--agent openai needs the openai package: pip install 'specpilot[agent]'"
             ) from None
         self.cfg = cfg
         self.openai = openai
