@@ -124,7 +124,9 @@ def test_directions_and_idempotency_keys() -> None:
     assert a != trial_key("run", 0, "explore", plan, [["chain_length", {"k": 5}]])
 
 
-def test_optimize_makes_model_paths_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_optimize_makes_model_paths_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Trial processes run in scratch directories: a relative model path must reach them whole."""
     from specpilot.cli_optimize import _model_ref
 
