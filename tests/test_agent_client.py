@@ -27,6 +27,7 @@ from specpilot.plan import Plan
 from . import agent_sources as src
 from .agent_endpoint import Delay, Raw, Status, serve
 from .agent_helpers import KEY, agent_config
+from .server_helpers import uvicorn_in_thread
 
 PLAN = Plan().to_json()  # suffix drafter, chain k=5
 CTX = Context("llama", 1.0, "suffix", "cpu", "float32", threads=2)
@@ -162,7 +163,6 @@ def test_endpoint_down_leaves_the_round_to_the_builtin_explorer(explorer: Any) -
 @pytest.fixture(scope="module")
 def served() -> Iterator[str]:
     import torch
-    import uvicorn
 
     from specpilot.batch import BatchConfig, BatchEngine
     from specpilot.drafters import make_drafter
@@ -181,19 +181,8 @@ def served() -> Iterator[str]:
     beng = BatchEngine(model, EngineConfig(attention="exact"), bcfg, tok.eos_ids, tok.decode)
     sched = Scheduler(beng, lambda: make_drafter("lookup"), TreeSpec(kind="chain", k=4))
     app = create_app(sched, tok, "tiny-agent", context_len=1000)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert time.time() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    server.should_exit = True
-    thread.join(15)
-    sock.close()
+    with uvicorn_in_thread(app) as port:
+        yield f"http://127.0.0.1:{port}/v1"
     torch.set_num_threads(threads)
 
 

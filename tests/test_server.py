@@ -4,8 +4,6 @@ disconnects, metrics. The server runs a tiny model and tokenizer in a uvicorn th
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +13,6 @@ import httpx
 import openai
 import pytest
 import torch
-import uvicorn
 
 from specpilot.batch import BatchConfig, BatchEngine
 from specpilot.drafters import make_drafter
@@ -25,6 +22,7 @@ from specpilot.tokenizer import Tokenizer
 from specpilot.tree import TreeSpec
 
 from .conftest import tiny_model
+from .server_helpers import uvicorn_in_thread
 from .test_tokenizer import tiny_tokenizer
 
 MODEL = "tiny-test"
@@ -60,23 +58,11 @@ def served() -> Iterator[Served]:
     )
     sched = Scheduler(beng, lambda: make_drafter("lookup"), spec)
     app = create_app(sched, tok, MODEL, context_len=CTX)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert time.time() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.02)
-    base = f"http://127.0.0.1:{port}"
-    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
-    alone_model = tiny_model("llama", seed=7, vocab=tok.vocab_size)  # same weights, own cache
-    yield Served(base, client, tok, Engine(alone_model, cfg), spec)
-    server.should_exit = True
-    thread.join(15)
-    sock.close()
+    with uvicorn_in_thread(app) as port:
+        base = f"http://127.0.0.1:{port}"
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
+        alone_model = tiny_model("llama", seed=7, vocab=tok.vocab_size)  # same weights, own cache
+        yield Served(base, client, tok, Engine(alone_model, cfg), spec)
 
 
 def _alone(s: Served, ids: list[int], n: int) -> str:

@@ -257,14 +257,20 @@ class Coordinator(RecallMixin):
         if self.agent:
             after = self.agent.after_round(rnd, items, results, kept)
             summary.update(agent=[*cands_rec.get("agent", []), *after], sandbox=self.agent.level)
+        self._end_round(summary)
+        return bool(kept)
+
+    def _end_round(self, summary: dict[str, Any]) -> None:
+        """Log a round_end record and move the run to the next round on its plan."""
+        state = self.state
+        assert state is not None
         self._log(summary)
         state.rounds.append(summary)
-        state.plan = new_plan
-        state.round = rnd + 1
+        state.plan = summary["plan"]
+        state.round = summary["round"] + 1
         state.current = type(state.current)()
         self._save_outputs()
         self.emit("round_end", summary)
-        return bool(kept)
 
     def _profile(self, rnd: int, plan: Mapping[str, Any]) -> dict[str, Any]:
         cfg = self.cfg
@@ -444,24 +450,35 @@ class Coordinator(RecallMixin):
         for w in winners:
             steps = [[w["mechanism"], w["params"]]]
             key = trial_key(self.run_id, rnd, "integrate", current, steps)
-            res = self.state.current.trials.get(key)
+            res = self._full_pool_trial(rnd, "integrate", key, current, steps, w)
             if res is None:
-                try:
-                    self._references([*self.held, *(p for r in self.timed for p in r)])
-                except _OutOfBudget:
-                    break
-                if self.left() < self._estimate("integrate"):
-                    break
-                job = self._job(rnd, key, current, steps, self.held)
-                self.emit("trial_start", {"round": rnd, "kind": "integrate", "key": key, **w})
-                res = self._record(rnd, "integrate", key, current, steps,
-                                   self.executor.submit(job).result())  # type: ignore[union-attr]  # fmt: skip
+                break
             gain = (res.get("speedup") or 0.0) - 1
             ok = res["status"] == PASS and gain > max(res.get("spread") or 0.0, self.cfg.min_gain)
             if ok and res.get("plan"):
                 current = res["plan"]
                 kept.append({**w, "key": key, "speedup": res["speedup"], "spread": res["spread"]})
         return current, kept
+
+    def _full_pool_trial(self, rnd: int, kind: str, key: str, base: Mapping[str, Any],
+                         steps: list[list[Any]], item: Mapping[str, Any]
+                         ) -> dict[str, Any] | None:  # fmt: skip
+        """``steps`` on ``base`` forced on the whole held-back pool and timed (or its recorded
+        result after a resume); None when the budget cannot pay for it."""
+        assert self.state is not None
+        res = self.state.current.trials.get(key)
+        if res is not None:
+            return res
+        try:
+            self._references([*self.held, *(p for r in self.timed for p in r)])
+        except _OutOfBudget:
+            return None
+        if self.left() < self._estimate("integrate"):
+            return None
+        job = self._job(rnd, key, base, steps, self.held)
+        self.emit("trial_start", {"round": rnd, "kind": kind, **item, "key": key})
+        return self._record(rnd, kind, key, base, steps,
+                            self.executor.submit(job).result())  # type: ignore[union-attr]  # fmt: skip
 
     def _limits(self) -> TrialLimits:
         """The configured limits, capped so a trial ends at most a minute after the budget."""

@@ -90,7 +90,7 @@ class RecallMixin:
         """Memory's best remembered winners for this context, stacked and verified on the whole
         held-back pool as one trial; kept (as round ``rnd``) only if lossless and faster than
         the spread."""
-        from specpilot.pilot.coordinator import _brief, _OutOfBudget
+        from specpilot.pilot.coordinator import _brief
 
         st = self.state
         assert st is not None
@@ -109,18 +109,9 @@ class RecallMixin:
                 "source": "memory", "direction": "memory", "key": key}  # fmt: skip
         self.emit("round", {"round": rnd, "factors": {}, "directions": ["memory"],
                             "candidates": [item]})  # fmt: skip
-        res = st.current.trials.get(key)
+        res = self._full_pool_trial(rnd, "recall", key, plan, job_steps, item)  # type: ignore[attr-defined]
         if res is None:
-            try:
-                self._references([*self.held, *(p for r in self.timed for p in r)])
-            except _OutOfBudget:
-                return
-            if self.left() < self._estimate("integrate"):
-                return
-            job = self._job(rnd, key, plan, job_steps, self.held)
-            self.emit("trial_start", {"round": rnd, "kind": "recall", **item})
-            res = self._record(rnd, "recall", key, plan, job_steps,
-                               self.executor.submit(job).result())  # type: ignore[union-attr]  # fmt: skip
+            return
         gain = (res.get("speedup") or 0.0) - 1
         ok = res["status"] == PASS and gain > max(res.get("spread") or 0.0, self.cfg.min_gain)
         kept = [{**item, "speedup": res["speedup"], "spread": res["spread"]}] if ok else []
@@ -128,10 +119,4 @@ class RecallMixin:
         summary = {"type": "round_end", "round": rnd, "base": plan_hash(plan), "plan": new_plan,
                    "factors": {}, "directions": ["memory"], "winners": kept, "kept": kept,
                    "candidates": [{**item, **_brief(res)}]}  # fmt: skip
-        self._log(summary)
-        st.rounds.append(summary)
-        st.plan = new_plan
-        st.round = rnd + 1
-        st.current = type(st.current)()
-        self._save_outputs()
-        self.emit("round_end", summary)
+        self._end_round(summary)  # type: ignore[attr-defined]
