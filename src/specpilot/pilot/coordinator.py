@@ -355,11 +355,17 @@ class Coordinator(RecallMixin):
     def _propose(
         self, mechs: list[Mechanism], ctx: Context, plan: Plan, n: int, tried: set[str]
     ) -> list[Candidate]:
-        def apply(pl: Plan, mid: str, params: Mapping[str, Any]) -> Plan:
-            return bridge.apply_steps(pl, [(mid, params)], self.mechs,
-                                      lambda q: bridge.context_of(self.loaded, q, 1))  # fmt: skip
+        return propose_useful(self.search, mechs, ctx, plan, self.memory, n, tried, self._apply)
 
-        return propose_useful(self.search, mechs, ctx, plan, self.memory, n, tried, apply)
+    def _apply(self, plan: Plan, mid: str, params: Mapping[str, Any]) -> Plan:
+        """``plan`` with one mechanism applied, checked in this (trusted) process."""
+        return bridge.apply_steps(plan, [(mid, params)], self.mechs,
+                                  lambda q: bridge.context_of(self.loaded, q, 1))  # fmt: skip
+
+    def _beats_spread(self, res: Mapping[str, Any]) -> bool:
+        """A whole-pool result worth keeping: lossless and faster than its spread."""
+        gain = (res.get("speedup") or 0.0) - 1
+        return res["status"] == PASS and gain > max(res.get("spread") or 0.0, self.cfg.min_gain)
 
     def _explore(self, rnd: int, plan: Mapping[str, Any], items: list[dict[str, Any]]
                  ) -> dict[str, dict[str, Any]] | None:  # fmt: skip
@@ -453,9 +459,7 @@ class Coordinator(RecallMixin):
             res = self._full_pool_trial(rnd, "integrate", key, current, steps, w)
             if res is None:
                 break
-            gain = (res.get("speedup") or 0.0) - 1
-            ok = res["status"] == PASS and gain > max(res.get("spread") or 0.0, self.cfg.min_gain)
-            if ok and res.get("plan"):
+            if self._beats_spread(res) and res.get("plan"):
                 current = res["plan"]
                 kept.append({**w, "key": key, "speedup": res["speedup"], "spread": res["spread"]})
         return current, kept

@@ -17,10 +17,8 @@ from typing import Any
 
 from specpilot.errors import ConfigError
 from specpilot.mechanisms.base import Context, Mechanism
-from specpilot.pilot import bridge
 from specpilot.pilot.config import plan_hash, trial_key
 from specpilot.pilot.memory import Memory, Prior
-from specpilot.pilot.trial import PASS
 from specpilot.plan import Plan
 
 Apply = Callable[[Plan, str, Mapping[str, Any]], Plan]
@@ -65,17 +63,14 @@ def label(steps: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
 
 
 class RecallMixin:
-    """The recall round of :class:`specpilot.pilot.coordinator.Coordinator` (its attributes:
-    ``cfg``, ``state``, ``memory``, ``mechs``, ``loaded``, ``held``, ``timed``, ``executor``)."""
+    """The recall round of :class:`specpilot.pilot.coordinator.Coordinator`, which supplies the
+    attributes below and ``_ctx``, ``_apply``, ``_full_pool_trial``, ``_beats_spread``,
+    ``_end_round`` and ``emit``."""
 
     cfg: Any
     state: Any
     memory: Memory
     mechs: dict[str, Mechanism]
-    loaded: Any
-    held: list[tuple[str, list[int]]]
-    timed: list[list[tuple[str, list[int]]]]
-    executor: Any
     run_id: str
 
     def _recall_pending(self) -> bool:
@@ -96,11 +91,8 @@ class RecallMixin:
         assert st is not None
         plan = st.plan
 
-        def apply(pl: Plan, mid: str, params: Mapping[str, Any]) -> Plan:
-            return bridge.apply_steps(pl, [(mid, params)], self.mechs,
-                                      lambda q: bridge.context_of(self.loaded, q, 1))  # fmt: skip
-
-        steps = recall_steps(self.memory, self.mechs, self._ctx(plan), Plan.from_json(plan), apply)
+        ctx = self._ctx(plan)  # type: ignore[attr-defined]
+        steps = recall_steps(self.memory, self.mechs, ctx, Plan.from_json(plan), self._apply)  # type: ignore[attr-defined]
         if not steps:
             return
         job_steps = [[m, p] for m, p in steps]
@@ -112,8 +104,7 @@ class RecallMixin:
         res = self._full_pool_trial(rnd, "recall", key, plan, job_steps, item)  # type: ignore[attr-defined]
         if res is None:
             return
-        gain = (res.get("speedup") or 0.0) - 1
-        ok = res["status"] == PASS and gain > max(res.get("spread") or 0.0, self.cfg.min_gain)
+        ok = self._beats_spread(res)  # type: ignore[attr-defined]
         kept = [{**item, "speedup": res["speedup"], "spread": res["spread"]}] if ok else []
         new_plan = res["plan"] if ok and res.get("plan") else plan
         summary = {"type": "round_end", "round": rnd, "base": plan_hash(plan), "plan": new_plan,
