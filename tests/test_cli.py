@@ -163,6 +163,9 @@ def test_draft_tokenizer_differs(
         ["--max-new-tokens", "0"],
         ["--tree", "static"],
         ["--tree", "static", "--paths", "0.0"],
+        ["--union-trust", "-1"],
+        ["--union-depth", "-3"],
+        ["--head-min-prob", "1.5"],
     ],
 )
 def test_bad_numbers(model_dir: Path, flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:

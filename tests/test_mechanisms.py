@@ -289,3 +289,39 @@ def test_context_offers_the_shipped_trained_drafter_of_its_target() -> None:
     assert "head" not in context_of(lm, Plan(), 1).drafters
     ours = replace(lm, fingerprint=cfg["extra"]["target_fingerprint"])
     assert context_of(ours, Plan(), 1).drafters == ("lookup", "suffix", "head", "head+suffix")
+
+
+def test_union_gate_on_a_trained_head_plus_suffix(tmp_path: Any, refs: list[list[int]]) -> None:
+    """union_gate applies to X+suffix plans only; every corner of its space decodes losslessly
+    through runtime.build."""
+    from specpilot.drafters.feature_net import FeatureNet, FeatureNetConfig
+    from specpilot.drafters.trained import save_drafter
+
+    lm = loaded()
+    c = lm.cfg
+    cfg = FeatureNetConfig(
+        kind="head", dim=c.dim, vocab_size=c.vocab_size, taps=(1, 2), n_heads=4, n_kv_heads=2,
+        head_dim=12, intermediate_size=64, extra={"target_fingerprint": lm.fingerprint},
+    )  # fmt: skip
+    net = FeatureNet(cfg)
+    net.init_weights(0, std=0.3)
+    out = save_drafter(net, tmp_path / "head", {}, dtype=torch.float32)
+    mech = get("union_gate")
+    ctx = Context("llama", 1.0, "suffix", "cpu", "float32", threads=2, drafters=("suffix",))
+    assert mech.applicable(ctx, Plan(drafter="suffix")) is not None
+    plan = Plan(drafter=f"{out}+suffix")
+    assert mech.applicable(ctx, plan) is None
+    for params in (
+        {},
+        {"trust": 1, "trained_depth": 2, "min_prob": 0.3},
+        {"trust": 8, "trained_depth": 1, "min_prob": 0.6},
+    ):
+        applied = apply_checked(mech, ctx, plan, params)
+        built = build(applied, loaded())
+        drafter = built.make_drafter()
+        if params:
+            assert drafter.trust == params["trust"]
+        outs = [
+            built.engine.generate(p, GEN, drafter=drafter, spec=built.spec).tokens for p in PROMPTS
+        ]
+        assert outs == refs

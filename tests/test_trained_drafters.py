@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,11 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
         assert torch.equal(d.net.state_dict()[k], v), k
     d2 = make_drafter(str(out), target=target)
     assert isinstance(d2, HeadDrafter)
+    u = make_drafter(f"{out}+suffix", target=target, trust=2, trained_depth=3, min_prob=0.25)
+    assert (u.trust, u.trained_depth) == (2, 3)
+    assert u.trained.min_logp == pytest.approx(math.log(0.25))
+    with pytest.raises(DrafterError, match="X\\+suffix"):
+        make_drafter(str(out), target=target, trust=2)
 
 
 def _saved(tmp_path: Path) -> tuple[Path, Transformer]:
@@ -257,6 +263,65 @@ def test_union_with_suffix_lossless_within_budget(spec: TreeSpec) -> None:
     b = DraftTree.from_parents([1, 9, 2, 8], [-1, -1, 0, 2], [-0.1, -0.2, -0.3, -0.4])
     u = union_trees(a, b, 5)
     assert u.tokens.tolist() == [1, 2, 3, 9, 8] and u.parents.tolist() == [-1, 0, 1, -1, 1]
+
+
+@pytest.mark.parametrize("spec", SPECS[::2], ids=lambda s: s.kind)
+def test_union_trust_skips_the_head_and_feeds_it_the_skipped_states(spec: TreeSpec) -> None:
+    from specpilot.drafters.suffix import SuffixDrafter
+    from specpilot.drafters.union import UnionDrafter
+
+    target = tiny_model(seed=3)
+    engine = Engine(target)
+    net = make_net("head", target, seed=4)
+    head = HeadDrafter(net)
+    checks: list[bool] = []
+    real = head.propose
+
+    def spy(ctx: DraftContext) -> DraftTree:  # the head fed in bursts == a head fed from scratch
+        tree = real(ctx)
+        fresh = HeadDrafter(net)
+        full = engine.hidden_states(ctx.tokens[:-1], TAPS)
+        want = fresh.propose(DraftContext(ctx.tokens, ctx.prompt_len, ctx.spec, full))
+        checks.append(
+            tree.tokens.tolist() == want.tokens.tolist()
+            and torch.allclose(tree.scores, want.scores, atol=1e-4)
+        )
+        return tree
+
+    head.propose = spy  # type: ignore[method-assign]
+    drafter = UnionDrafter(SuffixDrafter(), head, trust=1)
+    gen = GenerationConfig(max_new_tokens=40)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 9, 7]
+    ref = engine.generate(prompt, gen).tokens
+    res = engine.generate(prompt, gen, drafter=drafter, spec=spec)
+    assert res.tokens == ref
+    assert max(res.draft_nodes) <= spec.max_nodes
+    assert drafter.copy_steps > 0 and len(checks) > 0, (drafter.copy_steps, len(checks))
+    assert drafter.copy_steps + len(checks) == res.steps
+    assert all(checks)
+    with pytest.raises(DrafterError, match="trust"):
+        UnionDrafter(SuffixDrafter(), head, trust=-1)
+
+
+def test_head_min_prob_stops_expansion_and_stays_lossless() -> None:
+    """Nodes below ``min_prob`` are not expanded: fewer forwards, every tree within the spec,
+    output unchanged; ``min_prob`` outside [0, 1) is refused."""
+    target = tiny_model(seed=3)
+    engine = Engine(target)
+    net = make_net("head", target, seed=4)
+    gen = GenerationConfig(max_new_tokens=24)
+    prompt = [3, 9, 4, 1, 7, 7, 2]
+    ref = engine.generate(prompt, gen).tokens
+    for spec in (SPECS[0], SPECS[2]):
+        full, cut = HeadDrafter(net), HeadDrafter(net, min_prob=0.999)
+        a = engine.generate(prompt, gen, drafter=full, spec=spec)
+        b = engine.generate(prompt, gen, drafter=cut, spec=spec)
+        assert a.tokens == b.tokens == ref
+        assert cut.forwards == b.steps  # the committed-token feed only: no depth was expanded
+        assert full.forwards > a.steps
+        assert max(b.draft_nodes) <= (spec.topk if spec.kind == "dynamic" else 1)
+    with pytest.raises(DrafterError, match="min_prob"):
+        HeadDrafter(net, min_prob=1.0)
 
 
 def test_shipped_head_drafter_is_complete_and_small() -> None:

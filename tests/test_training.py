@@ -170,3 +170,26 @@ def test_training_prompts_disjoint_from_benchmarks() -> None:
     assert len(set(ids)) == len(ids)
     train, held = D.split(prompts, 16, 0)
     assert {p.id for p in train}.isdisjoint({p.id for p in held})
+
+
+def test_resume_with_more_generation_extends_data_and_keeps_vocabulary(
+    tmp_path: Path, target_dir: Path
+) -> None:
+    lm = load_model(str(target_dir))
+    prompts = _prompts(tmp_path)
+    out = tmp_path / "d"
+    first = _cfg(prompts, gen_minutes=1e-9, max_steps=4, draft_vocab=48)  # one batch only
+    train_drafter(lm, first, out)
+    rec1 = json.loads((out / "training_record.json").read_text())
+    state = json.loads((work_dir(out) / "state.json").read_text())
+    vocab = state["vocab"]
+    phases: list[str] = []
+    more = _cfg(prompts, max_steps=8, draft_vocab=48)
+    train_drafter(lm, more, out, resume=True, progress=lambda ph, *a: phases.append(ph))
+    rec2 = json.loads((out / "training_record.json").read_text())
+    assert "generate" in phases
+    assert rec2["data"]["sequences"] > rec1["data"]["sequences"]
+    assert rec2["data"]["eval_prompt_ids"] == rec1["data"]["eval_prompt_ids"]
+    assert json.loads((work_dir(out) / "state.json").read_text())["vocab"] == vocab
+    drafter = load_trained_drafter(out, lm)
+    assert drafter.net.vocab_ids.tolist() == vocab

@@ -2,10 +2,10 @@
 :func:`specpilot.runtime.build` (flag checks, loading, HF peers). Renders nothing.
 
 A plan fixes the drafter, the tree and the engine, so the flags that set those (``--drafter``,
-``--tree``, ``--k``, ``--paths``, ``--budget``, ``--topk``, ``--depth``, ``--lookup-*``,
-``--device``, ``--dtype``, ``--attention``, ``--linear``, ``--threads``) are refused next to it
-with a ConfigError saying so; ``--draft-model`` is still how a plan that drafts with a draft model
-gets one.
+``--tree``, ``--k``, ``--paths``, ``--budget``, ``--topk``, ``--depth``, ``--union-*``,
+``--head-min-prob``, ``--lookup-*``, ``--device``, ``--dtype``, ``--attention``, ``--linear``,
+``--threads``) are refused next to it with a ConfigError saying so; ``--draft-model`` is still
+how a plan that drafts with a draft model gets one.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ PLAN_OWNED = {
     "budget": 16,
     "topk": 4,
     "depth": 8,
+    "union_trust": 0,
+    "union_depth": 0,
+    "head_min_prob": 0.0,
     "lookup_min_n": 1,
     "lookup_max_n": 4,
     "device": "cpu",

@@ -276,7 +276,7 @@ def base_drafter(
     drafter directory, built for ``loaded`` by :func:`specpilot.drafters.make_drafter`."""
     from specpilot.drafters import DRAFTERS, make_drafter
 
-    if name not in DRAFTERS and not Path(name).expanduser().is_dir():
+    if name not in DRAFTERS and not Path(name.removesuffix("+suffix")).expanduser().is_dir():
         raise ConfigError(
             f"plan drafter {name!r} is neither one of {', '.join(DRAFTERS)} nor a drafter directory"
         )

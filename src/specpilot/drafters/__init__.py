@@ -79,6 +79,10 @@ def check_tokenizers(target_tok: Any, draft_tok: Any) -> None:
     )
 
 
+UNION_OPTIONS = ("share", "trust", "trained_depth")
+"""Options of X+suffix drafters (:class:`specpilot.drafters.union.UnionDrafter`)."""
+
+
 def make_drafter(
     name: str, *, target: Any = None, tokenizer: Any = None, draft: Any = None, **options: Any
 ) -> Drafter | None:
@@ -90,20 +94,24 @@ def make_drafter(
     pair or a bare Transformer. The tokenizers are compared when both are known; without them the
     caller vouches for the shared vocabulary. ``options`` go to the drafter's constructor
     (lookup: min_n, max_n, max_matches, discount; suffix: max_depth, max_corpus_tokens,
-    max_pattern; model: max_len, default the target's context or 4096). Trained drafters
-    (``"head"``: the one shipped for the target; or a directory) need ``target``.
+    max_pattern; model: max_len, default the target's context or 4096; X+suffix: share, trust,
+    trained_depth). Trained drafters (``"head"``: the one shipped for the target; or a
+    directory) need ``target``.
     """
     from specpilot.drafters import trained
 
     base, plus_suffix = name.removesuffix("+suffix"), name.endswith("+suffix")
     if base == "head" or (name not in DRAFTERS and trained.is_drafter_dir(base)):
+        union = {k: options.pop(k) for k in UNION_OPTIONS if k in options}
+        if union and not plus_suffix:
+            raise DrafterError(f"{sorted(union)} apply to X+suffix drafters only, not {name!r}")
         path = trained.shipped_drafter(target, "head") if base == "head" else base
         head = trained.load_trained_drafter(path, target, **options)
         if not plus_suffix:
             return head
         from specpilot.drafters.union import UnionDrafter
 
-        return UnionDrafter(SuffixDrafter(), head)
+        return UnionDrafter(SuffixDrafter(), head, **union)
     if name not in DRAFTERS:
         raise DrafterError(
             f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)} or a trained "

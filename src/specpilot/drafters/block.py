@@ -92,6 +92,7 @@ class BlockDrafter(FeatureDrafter):
         pos = torch.arange(m, m + b, device=dev)[None]
         mask = torch.ones(1, b, m + b, dtype=torch.bool)
         out = self._run(x, pos, m, m + b, mask)[0]  # (B, dim)
+        self.forwards += 1
         return self._log_probs(out)
 
     def propose(self, ctx: DraftContext) -> DraftTree:

@@ -14,6 +14,7 @@ drafter with a reduced vocabulary maps them back (``vocab_ids[tree.tokens]``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from torch import Tensor
@@ -66,14 +67,20 @@ Feed = Callable[[Nodes, list[int]], Tensor]
 """feed(nodes, rows) -> (len(rows), V) log-probs of the children of ``rows``."""
 
 
-def expand_dynamic(root: Tensor, feed: Feed, spec: TreeSpec) -> DraftTree:
-    """EAGLE-2 expansion from the root's log-probs ``root`` (V,)."""
+def expand_dynamic(
+    root: Tensor, feed: Feed, spec: TreeSpec, min_logp: float = -math.inf
+) -> DraftTree:
+    """EAGLE-2 expansion from the root's log-probs ``root`` (V,); nodes whose cumulative
+    log-probability is below ``min_logp`` are not expanded (each depth costs a forward)."""
     k = min(spec.topk, root.shape[-1])
     nodes = Nodes()
     vals, idx = root.topk(k)
     level = [nodes.add(t, -1, v) for v, t in zip(vals.tolist(), idx.tolist(), strict=True)]
     for _ in range(1, spec.depth):
         frontier = sorted(level, key=lambda i: (-nodes.scores[i], i))[:k]
+        frontier = [i for i in frontier if nodes.scores[i] >= min_logp]
+        if not frontier:
+            break
         lp = feed(nodes, frontier)  # (len(frontier), V)
         vals, idx = lp.topk(k, dim=-1)
         level = []
@@ -84,18 +91,23 @@ def expand_dynamic(root: Tensor, feed: Feed, spec: TreeSpec) -> DraftTree:
     return shape_tree(nodes.tree(), spec)
 
 
-def expand_spec(root: Tensor, feed: Feed, spec: TreeSpec) -> DraftTree:
+def expand_spec(root: Tensor, feed: Feed, spec: TreeSpec, min_logp: float = -math.inf) -> DraftTree:
     """Expand for any tree spec (dynamic, static or chain)."""
     if spec.kind == "dynamic":
-        return expand_dynamic(root, feed, spec)
+        return expand_dynamic(root, feed, spec, min_logp)
     paths = spec.paths if spec.kind == "static" else chain_paths(spec.k)
-    return expand_paths(root, feed, paths, spec)
+    return expand_paths(root, feed, paths, spec, min_logp)
 
 
 def expand_paths(
-    root: Tensor, feed: Feed, paths: Sequence[tuple[int, ...]], spec: TreeSpec
+    root: Tensor,
+    feed: Feed,
+    paths: Sequence[tuple[int, ...]],
+    spec: TreeSpec,
+    min_logp: float = -math.inf,
 ) -> DraftTree:
-    """Chain / static tree: expand exactly the prefixes the rank paths extend."""
+    """Chain / static tree: expand exactly the prefixes the rank paths extend (and whose
+    cumulative log-probability is at least ``min_logp``)."""
     need = path_widths(paths)
     nodes = Nodes()
     prefix: list[tuple[int, ...]] = []
@@ -104,7 +116,7 @@ def expand_paths(
         level.append(nodes.add(t, -1, v))
         prefix.append((rank,))
     for _ in range(1, spec.max_depth):
-        frontier = [i for i in level if prefix[i] in need]
+        frontier = [i for i in level if prefix[i] in need and nodes.scores[i] >= min_logp]
         if not frontier:
             break
         lp = feed(nodes, frontier)

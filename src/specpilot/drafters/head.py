@@ -17,6 +17,8 @@ depth in one batched forward (EAGLE-2) and keep the best ``budget`` (:mod:`.expa
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -32,7 +34,14 @@ class FeatureDrafter:
 
     name = "feature"
 
-    def __init__(self, net: FeatureNet, max_len: int = 8192) -> None:
+    def __init__(self, net: FeatureNet, max_len: int = 8192, min_prob: float = 0.0) -> None:
+        """``min_prob``: draft nodes whose path probability under the drafter is below this are
+        not expanded further (head: saves the forwards of unlikely depths; 0 = all)."""
+        if not 0.0 <= min_prob < 1.0:
+            raise DrafterError(f"drafter min_prob must be in [0, 1), got {min_prob}")
+        self.min_logp = math.log(min_prob) if min_prob > 0 else -math.inf
+        self.forwards = 0
+        """Drafter forwards run so far (committed-token feeds and draft depths)."""
         if net.embed is None or net.head is None:
             raise DrafterError("attach the target's embedding and LM head to the drafter first")
         net.eval()
@@ -119,6 +128,7 @@ class FeatureDrafter:
         taps = torch.stack([h.to(device=dev, dtype=dt) for h in ctx.hidden], dim=1)[None]
         nxt = torch.tensor([tokens[start + 1 : n]], device=dev)  # (1, n_new)
         x = self.net.entries(taps, nxt)  # (1, n_new, dim)
+        self.forwards += 1
         pos = torch.arange(start, n - 1, device=dev)[None]
         rows = torch.arange(start, n - 1)[:, None]
         mask = (torch.arange(n - 1)[None, :] <= rows)[None]  # (1, n_new, n-1)
@@ -172,13 +182,14 @@ class HeadDrafter(FeatureDrafter):
             x = self.net.step_input(g[None], ids[None])  # (1, t, dim)
             pos = torch.tensor([[m - 1 + nodes.depths[i] for i in rows]], device=dev)
             out = self._run(x, pos, start, kv_len, mask)[0]  # (t, dim)
+            self.forwards += 1
             for r, i in enumerate(rows):
                 outs[i] = out[r]
             fed[0] += t
             return self._log_probs(out)
 
         root = self._log_probs(last[None])[0]
-        return self._map(expand_spec(root, feed, spec))
+        return self._map(expand_spec(root, feed, spec, self.min_logp))
 
 
 def head_unroll(

@@ -285,6 +285,8 @@ class SuffixDrafter:
         self._alive: list[Position] = []
         """Corpus positions of the current suffixes (length <= max_pattern), longest first."""
         self._alive_version = -1
+        self.last_match = 0
+        """Length of the matched pattern behind the last proposed tree (0: nothing proposed)."""
 
     # -- Drafter protocol ---------------------------------------------------------------------
 
@@ -299,11 +301,13 @@ class SuffixDrafter:
     def propose(self, ctx: DraftContext) -> DraftTree:
         self._sync(ctx.tokens, ctx.prompt_len)
         best, best_value = DraftTree.empty(), 0.0
+        self.last_match = 0
         for trie, pos in self.matches():
             tree = build_tree(trie, pos, ctx.spec, self.max_depth)
             value = float(tree.scores.exp().sum())  # expected accepted tokens under the counts
             if value > best_value:
                 best, best_value = tree, value
+                self.last_match = pos[0].depth + pos[1]
         return best
 
     def finish(self, tokens: list[int]) -> None:

@@ -160,10 +160,15 @@ def check_target(cfg: FeatureNetConfig, model: Transformer, fingerprint: str | N
 
 
 def load_trained_drafter(
-    path: str | Path, target: Any, fingerprint: str | None = None, max_len: int = 8192
+    path: str | Path,
+    target: Any,
+    fingerprint: str | None = None,
+    max_len: int = 8192,
+    min_prob: float = 0.0,
 ) -> FeatureDrafter:
     """Load a drafter directory for ``target`` (a LoadedModel or a Transformer) and share its
-    embedding and LM head. ``fingerprint`` defaults to the LoadedModel's."""
+    embedding and LM head. ``fingerprint`` defaults to the LoadedModel's; ``min_prob``: see
+    :class:`~specpilot.drafters.head.FeatureDrafter` (head drafters only)."""
     from specpilot.drafters.block import BlockDrafter
 
     model = target if isinstance(target, Transformer) else getattr(target, "model", None)
@@ -175,8 +180,11 @@ def load_trained_drafter(
     check_target(cfg, model, fingerprint, src)
     net = build_net(cfg, state, src).to(device=model.device, dtype=model.dtype)
     net.attach(model.model.embed_tokens.weight, model.head_weight())
-    cls = HeadDrafter if cfg.kind == "head" else BlockDrafter
-    return cls(net, max_len=max_len)
+    if cfg.kind == "block":
+        if min_prob:
+            raise DrafterError("min_prob applies to head drafters (a block drafts in one forward)")
+        return BlockDrafter(net, max_len=max_len)
+    return HeadDrafter(net, max_len=max_len, min_prob=min_prob)
 
 
 def shipped_drafters() -> list[Path]:

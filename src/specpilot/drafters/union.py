@@ -6,13 +6,23 @@ both every step (a trained drafter must see the hidden states of every committed
 merges the trees as a trie: the copy drafter's nodes first, with at most ``share`` of the node
 budget, then the trained drafter's nodes best-first until the budget is spent. Shared paths are
 counted once, so the merged tree never exceeds the budget and is verified in one target step.
+
+With ``trust`` > 0 the copy drafter goes first and, when its tree comes from a matched pattern
+of at least ``trust`` tokens (long verbatim repeats: code, quoted context), that tree is used
+alone with the whole budget and the trained drafter is not run at all: its forwards cost
+about as much as a small verify step. The target states of the tokens committed meanwhile are
+kept and fed to the trained drafter in one batch when it is next asked.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+from torch import Tensor
+
 from specpilot.drafters.base import DraftContext, Drafter
+from specpilot.errors import DrafterError
 from specpilot.tree import DraftTree, TreeSpec
 
 
@@ -64,26 +74,68 @@ def union_trees(first: DraftTree, second: DraftTree, budget: int) -> DraftTree:
 class UnionDrafter:
     """``copy`` (e.g. suffix) and ``trained`` (e.g. the head) drafters merged into one tree."""
 
-    def __init__(self, copy: Drafter, trained: Drafter, share: float = 0.5) -> None:
-        self.copy, self.trained, self.share = copy, trained, share
+    def __init__(
+        self,
+        copy: Drafter,
+        trained: Drafter,
+        share: float = 0.5,
+        trust: int = 0,
+        trained_depth: int = 0,
+    ) -> None:
+        """``share``: most of the node budget the copy drafter's nodes take in a merged tree;
+        ``trust``: copy-alone steps from matches of this many tokens (0 = always merge);
+        ``trained_depth``: the trained drafter's trees are cut to this depth (0 = the spec's;
+        its acceptance falls fast with depth while every depth costs a forward)."""
+        if not 0.0 < share <= 1.0:
+            raise DrafterError(f"union share must be in (0, 1], got {share}")
+        if not isinstance(trust, int) or trust < 0:
+            raise DrafterError(f"union trust must be an integer >= 0 (0 = merge), got {trust!r}")
+        if not isinstance(trained_depth, int) or trained_depth < 0:
+            raise DrafterError(f"union trained_depth must be an integer >= 0, got {trained_depth}")
+        self.copy, self.trained, self.share, self.trust = copy, trained, share, trust
+        self.trained_depth = trained_depth
         self.name = f"{trained.name}+{copy.name}"
         self.hidden_layers = tuple(trained.hidden_layers)
+        self.copy_steps = 0
+        """Steps answered by the copy drafter alone (``trust``); reports read it."""
+        self._pending: list[tuple[Tensor, ...]] = []
 
     def begin(self, prompt: list[int]) -> None:
         self.copy.begin(prompt)
         self.trained.begin(prompt)
+        self._pending = []
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         spec = ctx.spec
-        b = self.trained.propose(ctx)
+        if self.trust:
+            alone = self.copy.propose(DraftContext(ctx.tokens, ctx.prompt_len, spec))
+            if alone.size and getattr(self.copy, "last_match", 0) >= self.trust:
+                if ctx.hidden:
+                    self._pending.append(ctx.hidden)
+                self.copy_steps += 1
+                return alone
+        tctx = self._with_pending(ctx)
+        if self.trained_depth:
+            tctx = replace(tctx, spec=_shallow(spec, self.trained_depth))
+        b = self.trained.propose(tctx)
         limit = max(1, int(spec.max_nodes * self.share))
         small = _limit(spec, limit)
         a = self.copy.propose(DraftContext(ctx.tokens, ctx.prompt_len, small))
         return union_trees(a, b, spec.max_nodes)
 
+    def _with_pending(self, ctx: DraftContext) -> DraftContext:
+        """``ctx`` with the target states of every step the trained drafter skipped."""
+        if not self._pending:
+            return ctx
+        parts = [*self._pending, ctx.hidden] if ctx.hidden else self._pending
+        self._pending = []
+        hidden = tuple(torch.cat(layer, dim=0) for layer in zip(*parts, strict=True))
+        return replace(ctx, hidden=hidden)
+
     def finish(self, tokens: list[int]) -> None:
         self.copy.finish(tokens)
         self.trained.finish(tokens)
+        self._pending = []
 
 
 def _limit(spec: TreeSpec, n: int) -> TreeSpec:
@@ -93,3 +145,12 @@ def _limit(spec: TreeSpec, n: int) -> TreeSpec:
     if spec.kind == "dynamic":
         return replace(spec, budget=min(spec.budget, n))
     return spec
+
+
+def _shallow(spec: TreeSpec, depth: int) -> TreeSpec:
+    """The same shape cut to ``depth``."""
+    if spec.kind == "chain":
+        return replace(spec, k=min(spec.k, depth))
+    if spec.kind == "dynamic":
+        return replace(spec, depth=min(spec.depth, depth))
+    return replace(spec, paths=tuple(p for p in spec.paths if len(p) <= depth))

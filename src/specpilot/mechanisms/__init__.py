@@ -28,6 +28,7 @@ from specpilot.mechanisms.static_buffers import StaticBuffers
 from specpilot.mechanisms.static_tree import StaticTree
 from specpilot.mechanisms.suffix_options import SuffixOptions
 from specpilot.mechanisms.threads import Threads
+from specpilot.mechanisms.union_gate import UnionGate
 
 __all__ = [
     "FACTORS",
@@ -47,6 +48,7 @@ _CLASSES: tuple[type, ...] = (
     DrafterChoice,
     LookupNgram,
     SuffixOptions,
+    UnionGate,
     HybridDrafting,
     AdaptiveDraft,
     BatchBudgetTable,

@@ -171,7 +171,11 @@ def train_drafter(
     if not seqs:
         raise WorkloadError("the training data set is empty after generation; add prompts")
     n_tokens = sum(len(s.tokens) for s in seqs)
-    vocab = _draft_vocab(seqs, cfg.draft_vocab, model.cfg.vocab_size, tok)
+    vocab = _saved_vocab(work, st)
+    if vocab is None:  # fixed once: more data on --resume must not reorder a trained head's rows
+        vocab = _draft_vocab(seqs, cfg.draft_vocab, model.cfg.vocab_size, tok)
+        st.d["vocab"] = vocab.tolist()
+        st.save()
 
     net_cfg = FeatureNetConfig(
         kind=cfg.kind,
@@ -244,9 +248,10 @@ def _collect(
     st: _State,
     report: Progress,
 ) -> None:
-    """Phase 1: generate shards until the generation budget or the prompts run out."""
-    if st.d.get("data_done"):
-        return
+    """Phase 1: generate shards until the generation budget or the prompts run out.
+
+    On ``--resume`` with a larger ``--gen-minutes`` generation continues where it stopped (the
+    prompt order is seeded), so a drafter can be trained further on more data."""
     eos = tuple(tok.eos_ids)
     nxt = st.d.get("next_prompt", 0)
     gen_s = st.d.get("gen_s", 0.0)
@@ -279,6 +284,17 @@ def _collect(
         st.d["text_done"] = True
     st.d["data_done"] = True
     st.save()
+
+
+def _saved_vocab(work: Path, st: _State) -> Tensor | None:
+    """The draft vocabulary fixed by an earlier run of this work directory, if any."""
+    if "vocab" in st.d:
+        return torch.tensor(st.d["vocab"], dtype=torch.long)
+    ckpt = work / "ckpt.pt"
+    if ckpt.exists():  # work directories from before the vocabulary was kept in the state
+        c = torch.load(ckpt, map_location="cpu", weights_only=False)
+        return c["net"]["vocab_ids"].clone()
+    return None
 
 
 def _text_windows(tok: Any, cfg: TrainConfig) -> list[list[int]]:
