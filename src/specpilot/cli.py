@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from specpilot import __version__
+from specpilot.defaults import UNION_DEFAULTS
 from specpilot.errors import ConfigError, SpecPilotError
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -79,23 +80,25 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--union-trust",
         type=int,
-        default=0,
+        default=None,
         help="X+suffix drafters: a suffix match of at least this many tokens drafts alone, "
-        "without running the trained drafter (default: 0, always merge both)",
+        f"without running the trained drafter; 0 = always merge both (default: "
+        f"{UNION_DEFAULTS['trust']})",
     )
     g.add_argument(
         "--union-depth",
         type=int,
-        default=0,
-        help="X+suffix drafters: cut the trained drafter's trees to this depth (default: 0, "
-        "the tree's own)",
+        default=None,
+        help="X+suffix drafters: cut the trained drafter's trees to this depth; 0 = the tree's "
+        f"own (default: {UNION_DEFAULTS['trained_depth']})",
     )
     g.add_argument(
         "--head-min-prob",
         type=float,
-        default=0.0,
+        default=None,
         help="trained head drafters: do not expand draft nodes whose path probability under the "
-        "drafter is below this (saves head forwards; default: 0, expand all the tree allows)",
+        "drafter is below this (saves head forwards); 0 = expand all the tree allows (default: "
+        f"{UNION_DEFAULTS['min_prob']} in X+suffix, 0 alone)",
     )
     g.add_argument("--lookup-min-n", type=int, default=1, help="prompt lookup: shortest n-gram")
     g.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: longest n-gram")
@@ -268,9 +271,9 @@ def _setup(
         raise ConfigError("--drafter model needs --draft-model PATH")
     if args.lookup_min_n < 1 or args.lookup_max_n < args.lookup_min_n:
         raise ConfigError("--lookup-min-n must be >= 1 and <= --lookup-max-n")
-    if args.union_trust < 0 or args.union_depth < 0:
+    if (args.union_trust or 0) < 0 or (args.union_depth or 0) < 0:
         raise ConfigError("--union-trust and --union-depth must be >= 0 (0 = off)")
-    if not 0.0 <= args.head_min_prob < 1.0:
+    if args.head_min_prob is not None and not 0.0 <= args.head_min_prob < 1.0:
         raise ConfigError(f"--head-min-prob must be in [0, 1), got {args.head_min_prob}")
     loaded = load_model(args.model, device=ecfg.device, dtype=ecfg.torch_dtype)
     draft = None
@@ -320,8 +323,9 @@ def _drafter_factory(name: str, args: argparse.Namespace, loaded: Any, draft: An
     if name == "lookup":
         opts = {"min_n": args.lookup_min_n, "max_n": args.lookup_max_n}
     elif name.endswith("+suffix"):
-        opts = {"trust": args.union_trust, "trained_depth": args.union_depth}
-    if args.head_min_prob and name not in ("suffix", "lookup", "model", "none"):
+        given = {"trust": args.union_trust, "trained_depth": args.union_depth}
+        opts = {k: v for k, v in given.items() if v is not None}
+    if args.head_min_prob is not None and name not in ("suffix", "lookup", "model", "none"):
         opts["min_prob"] = args.head_min_prob
 
     def make() -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specpilot.defaults import UNION_DEFAULTS
 from specpilot.drafters.base import DraftContext, Drafter
 from specpilot.drafters.draft_model import DraftModelDrafter
 from specpilot.drafters.prompt_lookup import PromptLookupDrafter
@@ -105,6 +106,9 @@ def make_drafter(
         union = {k: options.pop(k) for k in UNION_OPTIONS if k in options}
         if union and not plus_suffix:
             raise DrafterError(f"{sorted(union)} apply to X+suffix drafters only, not {name!r}")
+        if plus_suffix:  # the measured defaults (specpilot.defaults), each overridable
+            union = {**{k: v for k, v in UNION_DEFAULTS.items() if k != "min_prob"}, **union}
+            options.setdefault("min_prob", UNION_DEFAULTS["min_prob"])
         path = trained.shipped_drafter(target, "head") if base == "head" else base
         head = trained.load_trained_drafter(path, target, **options)
         if not plus_suffix:

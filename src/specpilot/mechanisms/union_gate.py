@@ -10,6 +10,8 @@ CPU. Three knobs trade acceptance for drafting cost:
   depth); 0 = the tree spec's depth;
 * ``min_prob``: head nodes whose path probability under the head is below this are not
   expanded (EAGLE-2's confidence, used to stop early rather than to rank).
+
+Unset options run at :data:`specpilot.defaults.UNION_DEFAULTS`; the search starts there.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from specpilot.defaults import UNION_DEFAULTS
 from specpilot.mechanisms.base import Context, Param
 from specpilot.plan import Plan
 
@@ -27,11 +30,11 @@ class UnionGate:
     description = "head+suffix: suffix alone on long matches, head depth, head confidence stop"
 
     def space(self, ctx: Context, plan: Plan) -> tuple[Param, ...]:
-        o = plan.drafter_options
+        o = {**UNION_DEFAULTS, **plan.drafter_options}  # what the plan runs now
         return (
-            Param("trust", "int", min(int(o.get("trust", 0)), 8), low=0, high=8),
-            Param("trained_depth", "int", min(int(o.get("trained_depth", 0)), 8), low=0, high=8),
-            Param("min_prob", "float", min(float(o.get("min_prob", 0.0)), 0.6), low=0.0, high=0.6),
+            Param("trust", "int", min(int(o["trust"]), 8), low=0, high=8),
+            Param("trained_depth", "int", min(int(o["trained_depth"]), 8), low=0, high=8),
+            Param("min_prob", "float", min(float(o["min_prob"]), 0.6), low=0.0, high=0.6),
         )
 
     def applicable(self, ctx: Context, plan: Plan) -> str | None:
