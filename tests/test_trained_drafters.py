@@ -338,6 +338,18 @@ def test_shipped_head_drafter_is_complete_and_small() -> None:
     assert rec["command"].startswith("specpilot train-drafter") and rec["eval_final"]["tau"] > 1.5
 
 
+def test_default_drafting_is_the_shipped_head_where_one_ships() -> None:
+    from types import SimpleNamespace
+
+    from specpilot.drafters.trained import shipped_drafters
+    from specpilot.runtime import DEFAULT_TREE, HEAD_TREE, default_drafting
+
+    fp = read_drafter_dir(shipped_drafters()[0])[0].extra["target_fingerprint"]
+    assert default_drafting(SimpleNamespace(fingerprint=fp)) == ("head+suffix", HEAD_TREE)
+    other = SimpleNamespace(fingerprint="0" * 64)
+    assert default_drafting(other) == ("suffix", DEFAULT_TREE)
+
+
 def test_packed_inference_matches_modules_and_never_goes_stale() -> None:
     """pack(): the packed linears give the module's numbers (the bf16 LM head to bf16
     precision), are bypassed under autograd, and are dropped once a training step changed the

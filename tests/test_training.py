@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -185,8 +186,11 @@ def test_resume_with_more_generation_extends_data_and_keeps_vocabulary(
     vocab = state["vocab"]
     phases: list[str] = []
     more = _cfg(prompts, max_steps=8, draft_vocab=48)
+    t0 = time.time()
     train_drafter(lm, more, out, resume=True, progress=lambda ph, *a: phases.append(ph))
+    second = time.time() - t0
     rec2 = json.loads((out / "training_record.json").read_text())
+    assert rec2["wall_s"] >= rec1["wall_s"] + 0.9 * second - 0.2  # wall time across resumes
     assert "generate" in phases
     assert rec2["data"]["sequences"] > rec1["data"]["sequences"]
     assert rec2["data"]["eval_prompt_ids"] == rec1["data"]["eval_prompt_ids"]

@@ -59,14 +59,16 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
         help="none = plain decoding; lookup = prompt n-gram lookup; suffix = suffix "
         "tree over prompt and earlier outputs; model = a draft model; head = the trained head "
         "shipped for the target; DIR = a trained drafter directory (specpilot train-drafter) "
-        "(default: suffix; bench takes several)",
+        "(default: head+suffix with a dynamic tree of 10 nodes where a trained head ships for "
+        "the target, else suffix with a chain of 5; bench takes several)",
     )
     g.add_argument("--draft-model", default=None, help="draft model for --drafter model")
     g.add_argument(
         "--tree",
         action="append",
         choices=["chain", "static", "dynamic"],
-        help="draft tree shape (default: chain); bench takes several",
+        help="draft tree shape (default: the default drafter's, see --drafter); bench takes "
+        "several",
     )
     g.add_argument("--k", type=int, default=5, help="chain length for --tree chain")
     g.add_argument(
@@ -276,6 +278,13 @@ def _setup(
     if args.head_min_prob is not None and not 0.0 <= args.head_min_prob < 1.0:
         raise ConfigError(f"--head-min-prob must be in [0, 1), got {args.head_min_prob}")
     loaded = load_model(args.model, device=ecfg.device, dtype=ecfg.torch_dtype)
+    if not args.drafter:  # the target's default: its shipped head + suffix where one ships
+        from specpilot.runtime import default_drafting
+
+        name, tree = default_drafting(loaded)
+        drafters = [name]
+        if not args.tree and _shape_flags_unset(args):
+            specs = [tree]
     draft = None
     if "model" in drafters:
         draft = load_model(args.draft_model, device=ecfg.device, dtype=ecfg.torch_dtype)
@@ -300,6 +309,14 @@ def _setup(
             label = f"{Path(name).name if name not in DRAFTERS else name}/{spec.kind}"
             candidates.append(Candidate(label, name, make, spec))
     return loaded, engine, candidates, peers
+
+
+def _shape_flags_unset(args: argparse.Namespace) -> bool:
+    """No tree-shape flag was given (the default drafter may then bring its default tree)."""
+    from specpilot.plan_setup import PLAN_OWNED
+
+    shape = ("k", "paths", "budget", "topk", "depth")
+    return all(getattr(args, n, None) == PLAN_OWNED[n] for n in shape)
 
 
 def _check_drafter_names(names: list[str]) -> None:

@@ -36,6 +36,8 @@ from specpilot.tree import TreeSpec
 
 DEFAULT_DRAFTER = "suffix"
 DEFAULT_TREE = TreeSpec(kind="chain", k=5)
+HEAD_TREE = TreeSpec(kind="dynamic", budget=10, topk=3, depth=8)
+"""The default tree where a trained head ships (BENCHMARKS.md, "Trained drafters")."""
 TRAINING_FREE = ("lookup", "suffix")
 
 
@@ -65,15 +67,24 @@ class Built:
 
 
 def default_plan(loaded: Any) -> Plan:
-    """What ``specpilot bench`` runs with no flags: suffix drafter, chain k=5, CPU defaults (the
-    loaded model's device and dtype)."""
+    """What ``specpilot bench`` runs with no flags, on the loaded model's device and dtype: the
+    shipped head with suffix drafting and a dynamic tree of 10 nodes where a trained head ships
+    for the target (the fastest measured there), else suffix drafting with a chain of 5."""
     model = loaded.model
     dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    drafter, tree = default_drafting(loaded)
     return Plan(
-        drafter=DEFAULT_DRAFTER,
-        tree=DEFAULT_TREE,
+        drafter=drafter,
+        tree=tree,
         engine=EngineConfig(device=str(model.device), dtype=dtype.get(model.dtype, "float32")),
     )
+
+
+def default_drafting(loaded: Any) -> tuple[str, TreeSpec]:
+    """The default drafter and tree for ``loaded`` (see :func:`default_plan`)."""
+    if "head+suffix" in shipped_for(loaded):
+        return "head+suffix", HEAD_TREE
+    return DEFAULT_DRAFTER, DEFAULT_TREE
 
 
 def params_millions(cfg: Any) -> float:

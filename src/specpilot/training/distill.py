@@ -120,13 +120,21 @@ def work_dir(out: Path) -> Path:
 
 
 class _State:
-    """``state.json`` of the work directory (phases done, counters), written atomically."""
+    """``state.json`` of the work directory (phases done, counters), written atomically; it
+    carries the wall time of every run of this work directory (``wall_s``, across resumes)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.d: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        self._t0 = time.time()
+        self._before = float(self.d.get("wall_s", 0.0))
+
+    def wall(self) -> float:
+        """Seconds spent by all runs of this work directory, up to now."""
+        return self._before + time.time() - self._t0
 
     def save(self) -> None:
+        self.d["wall_s"] = self.wall()
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.d, indent=1))
         tmp.replace(self.path)
@@ -154,7 +162,6 @@ def train_drafter(
     model.prepack("onednn")
     taps = cfg.taps or default_taps(model.cfg.n_layers)
     store = tuple(sorted(set(taps) | {model.cfg.n_layers}))
-    t_start = time.time()
 
     prompts = D.load_prompts([s for s in cfg.sources if s != "text"], seed=cfg.seed)
     if cfg.max_prompts is not None:
@@ -219,7 +226,7 @@ def train_drafter(
             "disjoint_from": ["humaneval", "chat"],
         },
         "target": {"source": loaded.source, "fingerprint": loaded.fingerprint},
-        "wall_s": round(time.time() - t_start + st.d.get("wall_before_s", 0.0), 1),
+        "wall_s": round(st.wall(), 1),  # every run of this work directory
         "train_s": round(train_s, 1),
         "gen_s": round(st.d.get("gen_s", 0.0), 1),
         "steps": steps,
@@ -235,6 +242,7 @@ def train_drafter(
     from specpilot.drafters.trained import save_drafter
 
     save_drafter(net, out, record)
+    st.save()  # the final evaluation's time counts toward a later --resume's wall time
     return TrainResult(out, steps, train_s, n_tokens, st.d["eval_init"], final)
 
 
