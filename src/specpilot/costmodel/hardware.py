@@ -15,8 +15,18 @@ CPUs and unknown devices are calibrated once and cached per machine:
   which the reduction measures directly; the copy is kept as a cross-check (it is usually lower,
   since writes cost extra on most CPUs).
 
+Each figure is the best of several short repeats. A calibration must be taken on a quiet machine
+(a busy one measures low peaks, so every floor comes out too high and kernels look faster than
+their floors): the CPU time other processes use (``/proc/stat`` busy time minus this process's
+own, :func:`other_load`) is sampled before and during the measurement. A calibration taken while
+other work used more than :func:`load_limit` cores is retried once, and if still busy it is used
+for this run only, never cached, and says so in :attr:`Hardware.notes` (a cached quiet one is
+kept instead where there is one). A profile whose measured kernels beat their floors calls
+:func:`recheck`: one forced re-calibration per process, and a warning in the notes.
+
 The cache is ``hardware.json`` under ``$SPECPILOT_CACHE`` (else ``~/.cache/specpilot``), keyed by
 device model, thread count, dtype and torch version, so a change of any of them recalibrates.
+``specpilot profile --recalibrate`` re-measures.
 """
 
 from __future__ import annotations
@@ -26,13 +36,15 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
+"""2: calibrations taken under load are no longer cached (version 1 entries may be)."""
 CACHE_FILE = "hardware.json"
 
 
@@ -48,10 +60,28 @@ class Hardware:
     peak_flops_fp64: float
     """fp64 FLOP/s (``exact`` attention)."""
     source: str
-    """"table: <citation>", "calibrated" or "calibrated (cached)"."""
+    """"table: <citation>", "calibrated", "calibrated (cached)" or "calibrated (not cached)"."""
+    measured_at: float = 0.0
+    """Unix time of the calibration (0 for a datasheet table entry)."""
+    load: float | None = None
+    """CPU cores other processes used during the calibration (None: unknown or a table)."""
+    notes: tuple[str, ...] = ()
+    """Warnings about these peaks (a busy calibration, kernels faster than their floors)."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
+
+    def describe(self) -> str:
+        """One line: the peaks, where they come from and when they were measured."""
+        when = ""
+        if self.measured_at:
+            stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.measured_at))
+            when = f", measured {stamp}"
+        busy = f", other processes {self.load:.2f} cores" if self.load is not None else ""
+        return (
+            f"peaks {self.peak_flops / 1e9:.1f} GFLOP/s, {self.peak_bw / 1e9:.1f} GB/s, fp64 "
+            f"{self.peak_flops_fp64 / 1e9:.1f} GFLOP/s; source: {self.source}{when}{busy}"
+        )
 
 
 @dataclass(frozen=True)
@@ -138,8 +168,9 @@ def _best(fn: Callable[[], object], device: torch.device, repeats: int) -> float
     return min(times)
 
 
-def calibrate(device: torch.device, dtype: torch.dtype, repeats: int = 3) -> dict[str, float]:
-    """Measure GEMM FLOP/s (model dtype and fp64) and streaming bandwidth (see module doc)."""
+def calibrate(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> dict[str, float]:
+    """Measure GEMM FLOP/s (model dtype and fp64) and streaming bandwidth (see module doc): the
+    best of ``repeats`` short runs of each."""
     flops = 0.0
     for n in (1024, 2048):
         a = torch.randn(n, n, device=device).to(dtype)
@@ -162,6 +193,93 @@ def calibrate(device: torch.device, dtype: torch.dtype, repeats: int = 3) -> dic
     }
 
 
+# -- load check ---------------------------------------------------------------------------------
+
+LOAD_SAMPLE_S = 0.25
+"""Shortest window over which the load of other processes is sampled."""
+RETRY_WAIT_S = 1.0
+"""Wait before the second try of a calibration that found the machine busy."""
+
+CpuSample = tuple[float, float, float]
+
+
+def _cpu_times() -> CpuSample | None:
+    """(monotonic s, busy CPU-seconds of the whole machine, CPU-seconds of this process), from
+    ``/proc/stat`` (user, nice, system, irq, softirq, steal); None where there is none."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        ticks = [int(x) for x in first[1:9]]
+    except (OSError, ValueError):
+        return None
+    if not first or first[0] != "cpu" or len(ticks) < 8:
+        return None
+    own = os.times()
+    busy = (sum(ticks[:3]) + sum(ticks[5:8])) / os.sysconf("SC_CLK_TCK")
+    return time.monotonic(), busy, own.user + own.system
+
+
+def other_load(start: CpuSample | None, end: CpuSample | None) -> float | None:
+    """Mean CPU cores used by other processes between two samples (None: unknown).
+
+    >>> other_load((0.0, 10.0, 1.0), (2.0, 13.0, 2.0))  # 3 busy CPU-s in 2 s, 1 of them ours
+    1.0
+    """
+    if start is None or end is None or end[0] <= start[0]:
+        return None
+    return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0]))
+
+
+def load_limit() -> float:
+    """Cores of other work above which a calibration is not trusted (0.3, or 10% of the CPUs)."""
+    return max(0.3, 0.1 * (os.cpu_count() or 1))
+
+
+R = TypeVar("R")
+
+
+def _window(fn: Callable[[], R]) -> tuple[R, float | None]:
+    """``fn()`` and the other processes' load while it ran (sampled at least LOAD_SAMPLE_S)."""
+    start, t0 = _cpu_times(), time.monotonic()
+    out = fn()
+    rest = LOAD_SAMPLE_S - (time.monotonic() - t0)
+    if rest > 0:
+        time.sleep(rest)
+    return out, other_load(start, _cpu_times())
+
+
+@dataclass(frozen=True)
+class Calibration:
+    peaks: dict[str, float]
+    load: float | None
+    """Highest load of other processes seen before or during the measurement."""
+    quiet: bool
+
+
+def measure(device: torch.device, dtype: torch.dtype, attempts: int = 2) -> Calibration:
+    """:func:`calibrate` on a quiet machine: each try samples the load before and during; the
+    first quiet try wins. When every try is busy, each peak is the best over the tries."""
+    best: dict[str, float] = {}
+    loads: list[float] = []
+    limit = load_limit()
+    for i in range(attempts):
+        if i:
+            time.sleep(RETRY_WAIT_S)
+        _, before = _window(lambda: None)
+        if before is not None and before > limit and i < attempts - 1:
+            loads.append(before)
+            continue
+        peaks, during = _window(lambda: calibrate(device, dtype))
+        seen = [x for x in (before, during) if x is not None]
+        if not seen or max(seen) <= limit:
+            return Calibration(peaks, max(seen) if seen else None, True)
+        loads.append(max(seen))
+        best = {k: max(v, best.get(k, 0.0)) for k, v in peaks.items()}
+    return Calibration(best, min(loads), False)
+
+
+# -- cache ------------------------------------------------------------------------------------
+
+
 def _load(path: Path) -> dict[str, dict[str, float]]:
     try:
         data = json.loads(path.read_text())
@@ -170,12 +288,12 @@ def _load(path: Path) -> dict[str, dict[str, float]]:
     return data if isinstance(data, dict) else {}
 
 
-def _store(path: Path, key: str, value: dict[str, float]) -> None:
+def _store(path: Path, key: str, value: dict[str, float | None]) -> None:
     """Atomic read-modify-write; a cache that cannot be written is skipped silently."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _load(path)
-        data[key] = value
+        data[key] = value  # type: ignore[assignment]
         fd, tmp = tempfile.mkstemp(prefix=".hardware.", suffix=".json", dir=path.parent)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True)
@@ -184,15 +302,28 @@ def _store(path: Path, key: str, value: dict[str, float]) -> None:
         return
 
 
+def _valid(entry: object) -> dict[str, float] | None:
+    keys = ("peak_flops", "peak_bw", "peak_flops_fp64")
+    if isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) for k in keys):
+        return entry
+    return None
+
+
+def _date(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t)) if t else "an unknown date"
+
+
 def detect(
     device: torch.device | str,
     dtype: torch.dtype,
     cache_dir: str | Path | None = None,
     recalibrate: bool = False,
 ) -> Hardware:
-    """Peaks for ``device`` running ``dtype``: the GPU table, else a cached calibration."""
+    """Peaks for ``device`` running ``dtype``: the GPU table, else a cached quiet calibration,
+    else a new one (cached only when the machine was quiet; see the module docstring)."""
     device = torch.device(device)
     dname = str(dtype).replace("torch.", "")
+    entry = None
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         entry = match_gpu(name)
@@ -207,22 +338,102 @@ def detect(
         key = f"{name}|threads={threads}|{dname}|torch={torch.__version__}|v{CALIBRATION_VERSION}"
         name = f"{name} ({threads} threads)"
     path = cache_path(cache_dir)
-    cached = None if recalibrate else _load(path).get(key)
-    source = "calibrated (cached)"
-    if not isinstance(cached, dict) or not all(
-        k in cached for k in ("peak_flops", "peak_bw", "peak_flops_fp64")
-    ):
-        cached = calibrate(device, dtype)
-        cached["measured_at"] = time.time()
-        _store(path, key, cached)
-        source = "calibrated"
-    if device.type == "cuda" and (entry := match_gpu(name)) is not None:
-        # known GPU, dtype without a datasheet figure: measured FLOP/s, datasheet bandwidth
-        return Hardware(entry.name, cached["peak_flops"], entry.bw, entry.fp64, source)
+    cached = _valid(_load(path).get(key))
+    if cached is not None and not recalibrate:
+        return _hardware(name, entry, cached, "calibrated (cached)")
+    cal = measure(device, dtype)
+    rec: dict[str, float | None] = {**cal.peaks, "measured_at": time.time(), "load": cal.load}
+    if cal.quiet:
+        _store(path, key, rec)
+        return _hardware(name, entry, rec, "calibrated")
+    why = (
+        f"a calibration taken while other processes used {cal.load:.2f} CPU cores (limit "
+        f"{load_limit():.2f}) was not cached"
+    )
+    if cached is not None:
+        when = _date(float(cached.get("measured_at") or 0.0))
+        note = f"{why}; the quiet calibration of {when} is used instead"
+        return _hardware(name, entry, cached, "calibrated (cached)", (note,))
+    note = f"{why}; its peaks may be low (floors too high): rerun profile on a quiet machine"
+    return _hardware(name, entry, rec, "calibrated (not cached)", (note,))
+
+
+def _hardware(
+    name: str, entry: _Entry | None, rec: dict, source: str, notes: tuple[str, ...] = ()
+) -> Hardware:
+    when = float(rec.get("measured_at") or 0.0)
+    load = rec.get("load")
+    load = float(load) if isinstance(load, (int, float)) else None
+    if entry is not None:  # known GPU, dtype without a datasheet figure: measured FLOP/s
+        return Hardware(
+            entry.name, float(rec["peak_flops"]), entry.bw, entry.fp64, source, when, load, notes
+        )
     return Hardware(
         name,
-        float(cached["peak_flops"]),
-        float(cached["peak_bw"]),
-        float(cached["peak_flops_fp64"]),
+        float(rec["peak_flops"]),
+        float(rec["peak_bw"]),
+        float(rec["peak_flops_fp64"]),
         source,
+        when,
+        load,
+        notes,
     )
+
+
+# -- floors beaten ------------------------------------------------------------------------------
+
+_RECHECKED: set[tuple[str, str, str]] = set()
+"""(device, dtype, hardware name) already re-calibrated by :func:`recheck` in this process."""
+
+
+def beaten_floors(rows: Sequence[Any], slack: float = 1.0) -> list[str]:
+    """Names of the kernel rows (``name``, ``floor_ms``, ``measured_ms``) measured faster than
+    ``slack`` x their floor."""
+    return [r.name for r in rows if r.floor_ms > 0 and r.measured_ms < slack * r.floor_ms]
+
+
+def recheck(
+    hw: Hardware,
+    beaten: Sequence[str],
+    device: torch.device | str,
+    dtype: torch.dtype,
+    cache_dir: str | Path | None = None,
+) -> Hardware:
+    """Peaks to use after kernels ``beaten`` ran faster than their floors under ``hw``: calibrated
+    peaks are re-measured (once per process for a device and dtype), table peaks kept; either
+    way the notes say so."""
+    names = ", ".join(beaten)
+    if not hw.source.startswith("calibrated"):
+        note = f"{names} measured faster than the floor from the {hw.source} peaks"
+        return replace(hw, notes=(*hw.notes, note))
+    key = (str(torch.device(device)), str(dtype), hw.name)
+    if key in _RECHECKED:
+        note = f"{names} measured faster than the floor; already re-calibrated in this process"
+        return replace(hw, notes=(*hw.notes, note))
+    _RECHECKED.add(key)
+    new = detect(device, dtype, cache_dir, recalibrate=True)
+    note = f"{names} measured faster than the floor with the earlier {hw.describe()}: re-calibrated"
+    return replace(new, notes=(note, *new.notes))
+
+
+def floors_checked(
+    hw: Hardware,
+    rows_of: Callable[[Hardware], tuple[Any, ...]],
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> tuple[Hardware, tuple[Any, ...]]:
+    """``rows_of(hw)`` (kernel rows), re-done with :func:`recheck`'s peaks when a class beats
+    its floor; the peaks used and the rows. A class still below its floor is noted."""
+    rows = rows_of(hw)
+    beaten = beaten_floors(rows)
+    if not beaten:
+        return hw, rows
+    hw = recheck(hw, beaten, device, dtype)
+    rows = rows_of(hw)
+    if still := beaten_floors(rows):
+        note = (
+            f"{', '.join(still)} still measured faster than the floor: its data may fit in a "
+            "cache, or --alpha/--beta are too high for this machine"
+        )
+        hw = replace(hw, notes=(*hw.notes, note))
+    return hw, rows
