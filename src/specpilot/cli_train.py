@@ -10,7 +10,6 @@ import argparse
 import shlex
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from specpilot.cli import DEFAULT_MODEL, progress_console
@@ -32,6 +31,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--target", default=DEFAULT_MODEL, help="target model (default: %(default)s)")
     p.add_argument("--kind", choices=["head", "block"], default="head", help="drafter kind")
     p.add_argument("--out", required=True, help="output drafter directory")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="--out may name an existing file or non-drafter directory: it is moved aside "
+        "(NAME.old-<time>) once the new drafter is complete",
+    )
     p.add_argument(
         "--data",
         action="append",
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specpilot.loading import load_model
     from specpilot.training.distill import TrainConfig, train_drafter
+    from specpilot.training.output import check_out, check_taps
 
     taps: tuple[int, ...] = ()
     if args.taps:
@@ -110,14 +116,13 @@ def run(args: argparse.Namespace) -> int:
         eval_budget=args.eval_budget,
         seed=args.seed,
     )
-    out = Path(args.out)
-    if not out.parent.exists():
-        raise ConfigError(f"--out: directory {out.parent} does not exist")
+    out = check_out(args.out, overwrite=args.overwrite, resume=args.resume)
     if args.threads is not None:
         if args.threads <= 0:
             raise ConfigError("--threads must be positive")
         torch.set_num_threads(args.threads)
     loaded = load_model(args.target, device=args.device)
+    check_taps(cfg.taps, loaded.model.cfg.n_layers)
     console = progress_console()
     command = "specpilot " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     with _bar(console) as bar:
@@ -139,7 +144,13 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"{phase} {done:.0f}/{total:.0f} {text}", soft_wrap=True)
 
         res = train_drafter(
-            loaded, cfg, out, resume=args.resume, command=command, progress=progress
+            loaded,
+            cfg,
+            out,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            command=command,
+            progress=progress,
         )
     console.print(
         f"saved {res.out}: {res.steps} steps, {res.train_s / 60:.1f} min training, "
@@ -147,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
         f"-> {res.eval_final.get('tau', 0):.2f} (dynamic tree, {cfg.eval_budget} nodes, "
         f"{res.eval_final.get('prompts', 0)} prompts x {cfg.eval_tokens} tokens)"
     )
+    if res.moved_aside is not None:
+        console.print(f"the earlier content of --out {args.out} was moved to {res.moved_aside}")
     return 0
 
 

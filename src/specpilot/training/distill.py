@@ -37,6 +37,7 @@ from torch import Tensor
 from specpilot.drafters.feature_net import FeatureNet, FeatureNetConfig
 from specpilot.errors import ConfigError, WorkloadError
 from specpilot.training import data as D
+from specpilot.training.evaluate import evaluate
 from specpilot.training.features import (
     Sequence,
     generate_batch,
@@ -44,6 +45,7 @@ from specpilot.training.features import (
     save_shard,
     teacher_forced,
 )
+from specpilot.training.output import check_out, check_taps, save_output, work_dir
 
 Progress = Callable[[str, float, float, dict[str, float]], None]
 
@@ -90,9 +92,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.kind not in ("head", "block"):
             raise ConfigError(f"--kind must be head or block, got {self.kind!r}")
-        for name in ("minutes", "gen_minutes"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0")
+        if not self.minutes > 0:
+            raise ConfigError(
+                f"--minutes must be > 0 (the training loop's budget), got {self.minutes}"
+            )
+        if self.gen_minutes < 0:
+            raise ConfigError(f"--gen-minutes must be >= 0, got {self.gen_minutes}")
         for name in ("max_new_tokens", "gen_batch", "seq_len", "batch", "unroll", "eval_budget"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -108,15 +113,13 @@ class TrainResult:
     data_tokens: int
     eval_init: dict[str, float]
     eval_final: dict[str, float]
+    moved_aside: Path | None = None
+    """Where the earlier content of ``out`` went (``--overwrite``), if anywhere."""
 
 
 def default_taps(n_layers: int) -> tuple[int, ...]:
     """Low, middle and final (normed) target states, as EAGLE-3's low/mid/high features."""
     return tuple(sorted({min(2, n_layers - 1), n_layers // 2, n_layers}))
-
-
-def work_dir(out: Path) -> Path:
-    return out.parent / f".{out.name}.work"
 
 
 class _State:
@@ -146,11 +149,14 @@ def train_drafter(
     out: str | Path,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     command: str = "",
     progress: Progress | None = None,
 ) -> TrainResult:
-    """Train a drafter for ``loaded`` (a LoadedModel) and save it to directory ``out``."""
-    out = Path(out).expanduser().resolve()
+    """Train a drafter for ``loaded`` (a LoadedModel) and save it to directory ``out`` (checked
+    first: see :mod:`.output`; ``overwrite`` moves other content there aside at the end)."""
+    out = check_out(out, overwrite=overwrite, resume=resume)
+    check_taps(cfg.taps, loaded.model.cfg.n_layers)
     work = work_dir(out)
     if work.exists() and not resume:
         shutil.rmtree(work)
@@ -239,11 +245,9 @@ def train_drafter(
         "eval_init": st.d["eval_init"],
         "eval_final": final,
     }
-    from specpilot.drafters.trained import save_drafter
-
-    save_drafter(net, out, record)
+    aside = save_output(net, out, record)
     st.save()  # the final evaluation's time counts toward a later --resume's wall time
-    return TrainResult(out, steps, train_s, n_tokens, st.d["eval_init"], final)
+    return TrainResult(out, steps, train_s, n_tokens, st.d["eval_init"], final, aside)
 
 
 def _collect(
@@ -477,38 +481,3 @@ def _save_ckpt(
     torch.save({**state, "train_s": train_s, "epoch": epoch}, tmp)
     os.replace(tmp, path)
     st.save()
-
-
-def evaluate(
-    loaded: Any, net: FeatureNet, prompts: list[list[int]], cfg: TrainConfig
-) -> dict[str, float]:
-    """Held-out tau of ``net`` through the engine: dynamic tree of ``eval_budget`` nodes."""
-    from specpilot.drafters.block import BlockDrafter
-    from specpilot.drafters.head import HeadDrafter
-    from specpilot.engine import Engine, EngineConfig, GenerationConfig
-    from specpilot.tree import TreeSpec
-
-    if not prompts:
-        return {"tau": float("nan"), "prompts": 0}
-    copy = FeatureNet(net.cfg).to(device=loaded.model.device, dtype=loaded.model.dtype)
-    copy.load_state_dict(net.state_dict())
-    copy.attach(loaded.model.model.embed_tokens.weight, loaded.model.head_weight())
-    cls = HeadDrafter if net.cfg.kind == "head" else BlockDrafter
-    drafter = cls(copy)
-    engine = Engine(loaded.model, EngineConfig())
-    spec = TreeSpec(kind="dynamic", budget=cfg.eval_budget, topk=8, depth=8)
-    gen = GenerationConfig(max_new_tokens=cfg.eval_tokens)
-    acc, steps, toks = 0, 0, 0
-    for ids in prompts:
-        res = engine.generate(
-            ids, gen, drafter=drafter, spec=spec, eos_ids=loaded.tokenizer.eos_ids
-        )
-        acc += sum(res.accept_lengths)
-        steps += res.steps
-        toks += len(res.tokens)
-    return {
-        "tau": (acc + steps) / max(steps, 1),
-        "prompts": len(prompts),
-        "tokens": toks,
-        "budget": cfg.eval_budget,
-    }
