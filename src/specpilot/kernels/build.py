@@ -1,0 +1,116 @@
+"""Build, cache and load the C++ kernels (``csrc/``) on first use.
+
+The two kernel translation units are compiled to objects with their own flags (``gemm_avx2.cpp``
+with ``-O3 -mavx2 -mfma -mf16c``, ``gemm_scalar.cpp`` portable), then ``ops.cpp`` (the torch op
+registration) is built by ``torch.utils.cpp_extension.load`` and linked with them. Every unit gets
+``-ffp-contract=off``: no multiply-add is fused unless the source says so. The build directory is
+``<parent of $SPECPILOT_CACHE>/kernels/<key>`` (else ``~/.cache/specpilot/kernels/<key>``); the key
+hashes the sources, the flags, the compiler and the torch version, so a changed input builds anew.
+Failure is never raised: :func:`load` returns the one-line reason and callers fall back to fp32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).parent / "csrc"
+COMMON_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-ffp-contract=off")
+AVX2_FLAGS = ("-mavx2", "-mfma", "-mf16c")
+BUILD_VERSION = 1
+"""Bump to force a rebuild when the build itself changes."""
+
+_lock = threading.Lock()
+_state: dict[str, str | None] = {}
+
+
+def build_root() -> Path:
+    env = os.environ.get("SPECPILOT_CACHE")
+    if env:
+        return Path(env).expanduser().parent / "kernels"
+    return Path.home() / ".cache" / "specpilot" / "kernels"
+
+
+def _compiler() -> str | None:
+    cxx = os.environ.get("CXX", "c++")
+    return shutil.which(cxx)
+
+
+def _x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+
+
+def build_key(cxx: str) -> str:
+    h = hashlib.sha256()
+    for p in sorted(CSRC.iterdir()):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    h.update(f"{BUILD_VERSION}\0{torch.__version__}\0{cxx}\0{COMMON_FLAGS}\0{AVX2_FLAGS}".encode())
+    return h.hexdigest()[:16]
+
+
+def _compile_object(cxx: str, src: Path, out: Path, flags: tuple[str, ...]) -> None:
+    """Compile one kernel unit to ``out`` atomically (a temporary file renamed into place)."""
+    if out.exists():
+        return
+    fd, tmp = tempfile.mkstemp(suffix=".o", dir=out.parent)
+    os.close(fd)
+    cmd = [cxx, *COMMON_FLAGS, *flags, "-c", str(src), "-o", tmp]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"compiling {src.name} failed: {last}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _build() -> None:
+    from torch.utils import cpp_extension
+
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (set CXX or install g++)")
+    key = build_key(cxx)
+    out = build_root() / key
+    out.mkdir(parents=True, exist_ok=True)
+    objs = [out / "gemm_scalar.o"]
+    _compile_object(cxx, CSRC / "gemm_scalar.cpp", objs[0], ())
+    defines = []
+    if _x86():
+        objs.append(out / "gemm_avx2.o")
+        _compile_object(cxx, CSRC / "gemm_avx2.cpp", objs[1], AVX2_FLAGS)
+    else:
+        defines.append("-DSP_NO_AVX2")
+    cpp_extension.load(
+        name=f"specpilot_kernels_{key}",
+        sources=[str(CSRC / "ops.cpp")],
+        extra_cflags=[*COMMON_FLAGS[1:], *defines],
+        extra_ldflags=[str(o) for o in objs],
+        extra_include_paths=[str(CSRC)],
+        build_directory=str(out),
+        is_python_module=False,
+        verbose=False,
+    )
+
+
+def load() -> str | None:
+    """Build and load the ops: None when ``torch.ops.specpilot`` is ready, else why not."""
+    with _lock:
+        if "reason" not in _state:
+            try:
+                _build()
+                _state["reason"] = None
+            except Exception as e:  # any build or load failure means: use the fp32 path
+                msg = " ".join(str(e).split()) or type(e).__name__
+                _state["reason"] = f"native GGUF kernels unavailable: {msg[:300]}"
+        return _state["reason"]

@@ -1,0 +1,265 @@
+// AVX2 + FMA + F16C GEMM over GGUF blocks, bit-identical to the portable path (gemm_scalar.cpp).
+//
+// One __m256 accumulator per (row, column) holds the contract's 8 lanes: lane i gets the
+// elements k = 8t + i, fused in increasing t with _mm256_fmadd_ps (one rounding, as std::fma);
+// reduce8 is the contract's fixed pairwise reduction. Weights are decoded 32 at a time in
+// registers (the same fp32 values as formats.h: products of an fp16 scale and a small integer
+// are exact in fp32, so a fused d*q+m rounds once, exactly like the reference's d*q then +m).
+// A tile is RB rows x CN columns; the tile shape changes only the schedule, never an order.
+// Compiled with -mavx2 -mfma -mf16c; called only after a run-time CPU check.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "formats.h"
+
+namespace {
+
+inline __m256 cvt(__m256i v) { return _mm256_cvtepi32_ps(v); }
+
+inline float reduce8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// The 32 nibbles of 16 bytes in element order: low nibbles are 0..15, high nibbles 16..31.
+inline void nibbles(const uint8_t* p, __m256i* q) {
+  const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i hi =
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+  const __m256i m = _mm256_set1_epi32(0x0f);
+  q[0] = _mm256_and_si256(lo, m);
+  q[1] = _mm256_and_si256(hi, m);
+  q[2] = _mm256_srli_epi32(lo, 4);
+  q[3] = _mm256_srli_epi32(hi, 4);
+}
+
+inline __m256i bytes8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+struct FQ4_0 {
+  static constexpr int NV = 4;
+  static void load(const uint8_t* row, int64_t s, __m256* w) {
+    const uint8_t* b = row + s * 18;
+    const __m256 d = _mm256_set1_ps(sp::half_to_float(sp::rd16(b)));
+    __m256i q[4];
+    nibbles(b + 2, q);
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (int v = 0; v < 4; ++v) w[v] = _mm256_mul_ps(d, cvt(_mm256_sub_epi32(q[v], eight)));
+  }
+};
+
+struct FQ4_1 {
+  static constexpr int NV = 4;
+  static void load(const uint8_t* row, int64_t s, __m256* w) {
+    const uint8_t* b = row + s * 20;
+    const __m256 d = _mm256_set1_ps(sp::half_to_float(sp::rd16(b)));
+    const __m256 m = _mm256_set1_ps(sp::half_to_float(sp::rd16(b + 2)));
+    __m256i q[4];
+    nibbles(b + 4, q);
+    for (int v = 0; v < 4; ++v) w[v] = _mm256_fmadd_ps(d, cvt(q[v]), m);  // d*q exact
+  }
+};
+
+struct FQ5_0 {
+  static constexpr int NV = 4;
+  static void load(const uint8_t* row, int64_t s, __m256* w) {
+    const uint8_t* b = row + s * 22;
+    const __m256 d = _mm256_set1_ps(sp::half_to_float(sp::rd16(b)));
+    const __m256i qh = _mm256_set1_epi32(static_cast<int>(sp::rd32(b + 2)));
+    __m256i q[4];
+    nibbles(b + 6, q);
+    const __m256i one = _mm256_set1_epi32(1), sixteen = _mm256_set1_epi32(16);
+    const __m256i base = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int v = 0; v < 4; ++v) {
+      const __m256i sh = _mm256_add_epi32(base, _mm256_set1_epi32(8 * v));
+      const __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(qh, sh), one);
+      const __m256i qv = _mm256_or_si256(q[v], _mm256_slli_epi32(hb, 4));
+      w[v] = _mm256_mul_ps(d, cvt(_mm256_sub_epi32(qv, sixteen)));
+    }
+  }
+};
+
+struct FQ8_0 {
+  static constexpr int NV = 4;
+  static void load(const uint8_t* row, int64_t s, __m256* w) {
+    const uint8_t* b = row + s * 34;
+    const __m256 d = _mm256_set1_ps(sp::half_to_float(sp::rd16(b)));
+    for (int v = 0; v < 4; ++v) {
+      const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * v));
+      w[v] = _mm256_mul_ps(cvt(_mm256_cvtepi8_epi32(raw)), d);
+    }
+  }
+};
+
+struct FQ4_K {
+  static constexpr int NV = 4;
+  static void load(const uint8_t* row, int64_t s, __m256* w) {
+    const uint8_t* b = row + (s / 8) * 144;
+    const int j = static_cast<int>(s % 8);
+    int sc, mn;
+    sp::q4k_scale_min(b + 4, j, &sc, &mn);
+    const __m256 dsc = _mm256_set1_ps(sp::half_to_float(sp::rd16(b)) * static_cast<float>(sc));
+    const __m256 dm = _mm256_set1_ps(sp::half_to_float(sp::rd16(b + 2)) * static_cast<float>(mn));
+    const uint8_t* q = b + 16 + 32 * (j / 2);
+    const __m128i shift = _mm_cvtsi32_si128(4 * (j % 2));
+    const __m256i m = _mm256_set1_epi32(0x0f);
+    for (int v = 0; v < 4; ++v) {
+      const __m256i qv = _mm256_and_si256(_mm256_srl_epi32(bytes8(q + 8 * v), shift), m);
+      w[v] = _mm256_fmsub_ps(dsc, cvt(qv), dm);  // dsc*q exact
+    }
+  }
+};
+
+struct FQ6_K {
+  static constexpr int NV = 4;
+  static void load(const uint8_t* row, int64_t s, __m256* w) {
+    const uint8_t* b = row + (s / 8) * 210;
+    const int j = static_cast<int>(s % 8), h = j / 4, jj = j % 4;
+    const uint8_t* ql = b + 64 * h + 32 * (jj % 2);
+    const uint8_t* qh = b + 128 + 32 * h;
+    const __m128i sl = _mm_cvtsi32_si128(4 * (jj / 2)), sh = _mm_cvtsi32_si128(2 * jj);
+    const float d = sp::half_to_float(sp::rd16(b + 208));
+    const __m256 ds0 = _mm256_set1_ps(d * static_cast<float>(static_cast<int8_t>(b[192 + 2 * j])));
+    const __m256 ds1 =
+        _mm256_set1_ps(d * static_cast<float>(static_cast<int8_t>(b[192 + 2 * j + 1])));
+    const __m256i m4 = _mm256_set1_epi32(0x0f), m2 = _mm256_set1_epi32(3);
+    const __m256i off = _mm256_set1_epi32(32);
+    for (int v = 0; v < 4; ++v) {
+      const __m256i lo = _mm256_and_si256(_mm256_srl_epi32(bytes8(ql + 8 * v), sl), m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srl_epi32(bytes8(qh + 8 * v), sh), m2);
+      const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), off);
+      w[v] = _mm256_mul_ps(v < 2 ? ds0 : ds1, cvt(q));
+    }
+  }
+};
+
+// Dense rows: 8 elements per load; a k % 8 tail is done lane by lane (see tile()).
+struct FF32 {
+  static constexpr int NV = 1;
+  static void load(const uint8_t* row, int64_t s, __m256* w) {
+    w[0] = _mm256_loadu_ps(reinterpret_cast<const float*>(row) + 8 * s);
+  }
+};
+
+struct FF16 {
+  static constexpr int NV = 1;
+  static void load(const uint8_t* row, int64_t s, __m256* w) {
+    w[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * s)));
+  }
+};
+
+struct FBF16 {
+  static constexpr int NV = 1;
+  static void load(const uint8_t* row, int64_t s, __m256* w) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * s));
+    const __m256i h = _mm256_cvtepu16_epi32(raw);
+    w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+  }
+};
+
+template <class F, int RB, int CN>
+void tile(const sp::GemmArgs& a, int64_t r0, int64_t c0) {
+  constexpr int E = 8 * F::NV;  // elements per load
+  __m256 acc[RB][CN];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CN; ++c) acc[r][c] = _mm256_setzero_ps();
+  const uint8_t* wr[CN];
+  for (int c = 0; c < CN; ++c) wr[c] = a.w + (c0 + c) * a.row_bytes;
+  const float* xr = a.x + r0 * a.k;
+  const int64_t steps = a.k / E;
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int c = 0; c < CN; ++c) {
+      __m256 w[F::NV];
+      F::load(wr[c], s, w);
+      for (int r = 0; r < RB; ++r) {
+        const float* x = xr + r * a.k + s * E;
+        for (int v = 0; v < F::NV; ++v)
+          acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8 * v), w[v], acc[r][c]);
+      }
+    }
+  }
+  const int64_t k_tail = steps * E;
+  for (int r = 0; r < RB; ++r) {
+    for (int c = 0; c < CN; ++c) {
+      __m256 v = acc[r][c];
+      if (k_tail < a.k) {  // dense only: lanes k % 8 of the last partial chunk, in increasing k
+        alignas(32) float lanes[8];
+        float tail[8] = {};
+        _mm256_store_ps(lanes, v);
+        sp::decode_dense(a.qtype, wr[c], k_tail, static_cast<int>(a.k - k_tail), tail);
+        const float* x = xr + r * a.k;
+        for (int64_t k = k_tail; k < a.k; ++k)
+          lanes[k % 8] = std::fma(x[k], tail[k - k_tail], lanes[k % 8]);
+        v = _mm256_load_ps(lanes);
+      }
+      float y = reduce8(v);
+      if (a.bias != nullptr) y = y + a.bias[c0 + c];
+      a.y[(r0 + r) * a.n + c0 + c] = y;
+    }
+  }
+}
+
+// Rows in groups of the largest RB <= row_tile that fits (RB * CN <= 8), per column tile of CN.
+template <class F, int CN>
+void column_tile(const sp::GemmArgs& a, int64_t c0, int row_tile) {
+  int64_t r0 = 0;
+  while (r0 < a.m) {
+    const int64_t left = a.m - r0;
+    if constexpr (CN == 1) {
+      if (row_tile >= 8 && left >= 8) {
+        tile<F, 8, 1>(a, r0, c0);
+        r0 += 8;
+        continue;
+      }
+    }
+    if constexpr (CN <= 2) {
+      if (row_tile >= 4 && left >= 4) {
+        tile<F, 4, CN>(a, r0, c0);
+        r0 += 4;
+        continue;
+      }
+    }
+    if (row_tile >= 2 && left >= 2) {
+      tile<F, 2, CN>(a, r0, c0);
+      r0 += 2;
+      continue;
+    }
+    tile<F, 1, CN>(a, r0, c0);
+    r0 += 1;
+  }
+}
+
+template <class F>
+void run(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_tile) {
+  int64_t c = n0;
+  if (col_tile >= 4) {
+    for (; c + 4 <= n1; c += 4) column_tile<F, 4>(a, c, row_tile);
+  } else if (col_tile >= 2) {
+    for (; c + 2 <= n1; c += 2) column_tile<F, 2>(a, c, row_tile);
+  }
+  for (; c < n1; ++c) column_tile<F, 1>(a, c, row_tile);
+}
+
+}  // namespace
+
+extern "C" void sp_gemm_avx2(const sp::GemmArgs* a, int64_t n0, int64_t n1, int row_tile,
+                             int col_tile) {
+  switch (a->qtype) {
+    case sp::Q4_0: return run<FQ4_0>(*a, n0, n1, row_tile, col_tile);
+    case sp::Q4_1: return run<FQ4_1>(*a, n0, n1, row_tile, col_tile);
+    case sp::Q5_0: return run<FQ5_0>(*a, n0, n1, row_tile, col_tile);
+    case sp::Q8_0: return run<FQ8_0>(*a, n0, n1, row_tile, col_tile);
+    case sp::Q4_K: return run<FQ4_K>(*a, n0, n1, row_tile, col_tile);
+    case sp::Q6_K: return run<FQ6_K>(*a, n0, n1, row_tile, col_tile);
+    case sp::F32: return run<FF32>(*a, n0, n1, row_tile, col_tile);
+    case sp::F16: return run<FF16>(*a, n0, n1, row_tile, col_tile);
+    case sp::BF16: return run<FBF16>(*a, n0, n1, row_tile, col_tile);
+    default: return;
+  }
+}
+
+extern "C" int sp_avx2_compiled(void) { return 1; }

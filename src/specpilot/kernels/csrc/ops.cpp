@@ -1,0 +1,142 @@
+// Torch custom ops over GGUF blocks (namespace `specpilot`): checks, threads, ISA dispatch.
+//
+// Threads split the output columns (at::parallel_for over n); k is never split, so a thread
+// count changes only which thread computes a column, never how.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "formats.h"
+
+namespace {
+
+bool cpu_has_avx2() {
+#if defined(SP_NO_AVX2)
+  return false;
+#elif defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+int64_t row_bytes(int64_t qtype, int64_t k) {
+  const int be = sp::block_elems(static_cast<int>(qtype));
+  TORCH_CHECK(be > 0, "specpilot: unsupported GGUF block type ", qtype);
+  TORCH_CHECK(k > 0 && k % be == 0, "specpilot: k=", k, " is not a multiple of the block size ",
+              be, " of type ", qtype);
+  return k / be * sp::block_bytes(static_cast<int>(qtype));
+}
+
+void check_blocks(const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k) {
+  TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte &&
+                  blocks.is_contiguous(),
+              "specpilot: blocks must be a contiguous CPU uint8 tensor");
+  TORCH_CHECK(n > 0, "specpilot: n must be positive");
+  TORCH_CHECK(blocks.numel() == n * row_bytes(qtype, k), "specpilot: blocks hold ",
+              blocks.numel(), " bytes, a ", n, "x", k, " tensor of type ", qtype, " needs ",
+              n * row_bytes(qtype, k));
+}
+
+sp::GemmArgs make_args(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t n,
+                       int64_t k, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
+  check_blocks(blocks, qtype, n, k);
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
+                  x.size(1) == k,
+              "specpilot: x must be a CPU float32 tensor of shape (m, ", k, ")");
+  const float* bp = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == n && bias->is_contiguous(),
+                "specpilot: bias must be a contiguous float32 tensor of ", n, " elements");
+    bp = bias->data_ptr<float>();
+  }
+  return sp::GemmArgs{static_cast<int>(qtype), x.data_ptr<float>(), x.size(0), k,
+                      blocks.data_ptr<uint8_t>(), row_bytes(qtype, k), bp,
+                      y.data_ptr<float>(), n};
+}
+
+int64_t grain(int64_t m, int64_t k) {
+  const int64_t g = (int64_t{1} << 14) / std::max<int64_t>(1, m * k);
+  return std::max<int64_t>(4, g);
+}
+
+at::Tensor gguf_matmul(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype, int64_t n,
+                       int64_t k, const c10::optional<at::Tensor>& bias, int64_t isa,
+                       int64_t row_tile, int64_t col_tile) {
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  const sp::GemmArgs a = make_args(x, blocks, qtype, n, k, bias, y);
+  if (a.m == 0) return y;
+  const bool avx2 = isa == 2 || (isa == 0 && cpu_has_avx2());
+  TORCH_CHECK(!avx2 || cpu_has_avx2(), "specpilot: the AVX2 path is not available here");
+  TORCH_CHECK(isa >= 0 && isa <= 2, "specpilot: isa must be 0 (auto), 1 (portable) or 2 (avx2)");
+  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : (a.m == 1 ? 1 : 4);
+  const int ct = col_tile > 0 ? static_cast<int>(col_tile) : (a.m == 1 ? 4 : 2);
+  at::parallel_for(0, n, grain(a.m, k), [&](int64_t n0, int64_t n1) {
+    if (avx2) {
+#if !defined(SP_NO_AVX2)
+      sp_gemm_avx2(&a, n0, n1, rt, ct);
+#endif
+    } else {
+      sp_gemm_scalar(&a, n0, n1, 8);
+    }
+  });
+  return y;
+}
+
+at::Tensor gguf_matmul_reference(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype,
+                                 int64_t n, int64_t k, const c10::optional<at::Tensor>& bias,
+                                 int64_t lanes) {
+  TORCH_CHECK(lanes == 2 || lanes == 4 || lanes == 8, "specpilot: lanes must be 2, 4 or 8");
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  const sp::GemmArgs a = make_args(x, blocks, qtype, n, k, bias, y);
+  sp_gemm_scalar(&a, 0, n, static_cast<int>(lanes));
+  return y;
+}
+
+at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
+                           const at::Tensor& rows_in) {
+  check_blocks(blocks, qtype, n, k);
+  const at::Tensor rows = rows_in.to(at::kLong).contiguous();
+  at::Tensor out = at::empty({rows.numel(), k}, at::TensorOptions().dtype(at::kFloat));
+  const int64_t* idx = rows.data_ptr<int64_t>();
+  const int64_t rb = row_bytes(qtype, k);
+  const uint8_t* base = blocks.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    TORCH_CHECK(idx[i] >= 0 && idx[i] < n, "specpilot: row index ", idx[i], " out of range");
+    const uint8_t* row = base + idx[i] * rb;
+    float* dst = o + i * k;
+    if (sp::is_dense(static_cast<int>(qtype))) {
+      sp::decode_dense(static_cast<int>(qtype), row, 0, static_cast<int>(k), dst);
+    } else {
+      for (int64_t s = 0; s < k / 32; ++s) sp::decode32(static_cast<int>(qtype), row, s, dst + 32 * s);
+    }
+  }
+  return out;
+}
+
+int64_t isa_available(int64_t isa) { return isa == 1 || (isa == 2 && cpu_has_avx2()) ? 1 : 0; }
+
+}  // namespace
+
+TORCH_LIBRARY(specpilot, m) {
+  m.def(
+      "gguf_matmul(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, "
+      "int isa=0, int row_tile=0, int col_tile=0) -> Tensor");
+  m.def(
+      "gguf_matmul_reference(Tensor x, Tensor blocks, int qtype, int n, int k, "
+      "Tensor? bias=None, int lanes=8) -> Tensor");
+  m.def("gguf_dequantize(Tensor blocks, int qtype, int n, int k, Tensor rows) -> Tensor");
+  m.def("isa_available(int isa) -> int", &isa_available);
+}
+
+TORCH_LIBRARY_IMPL(specpilot, CPU, m) {
+  m.impl("gguf_matmul", &gguf_matmul);
+  m.impl("gguf_matmul_reference", &gguf_matmul_reference);
+  m.impl("gguf_dequantize", &gguf_dequantize);
+}

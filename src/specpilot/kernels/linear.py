@@ -1,0 +1,222 @@
+"""``GGUFLinear``: a linear layer whose weight stays in its GGUF blocks, over the native kernels.
+
+The functions here are the Python face of the ``specpilot::`` torch ops (see the package
+docstring for the numerics contract): :func:`gguf_matmul`, :func:`dequantize_rows`, plus the
+checks that turn a wrong byte length into a :class:`~specpilot.errors.ModelLoadError` naming the
+tensor. The ISA path is ``auto`` unless ``$SPECPILOT_KERNELS_ISA`` (or an ``isa`` argument) says
+``portable`` or ``avx2``; every path gives the same bits.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from specpilot.errors import ModelLoadError
+from specpilot.kernels import build
+
+QTYPES = {
+    "F32": 0,
+    "F16": 1,
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q5_0": 6,
+    "Q8_0": 8,
+    "Q4_K": 12,
+    "Q6_K": 14,
+    "BF16": 30,
+}
+"""GGML type id of every block type the kernels run in place."""
+_BLOCK = {
+    0: (1, 4),
+    1: (1, 2),
+    30: (1, 2),
+    2: (32, 18),
+    3: (32, 20),
+    6: (32, 22),
+    8: (32, 34),
+    12: (256, 144),
+    14: (256, 210),
+}
+"""type id -> (elements per block, bytes per block)."""
+ISAS = {"auto": 0, "portable": 1, "avx2": 2}
+ISA_ENV = "SPECPILOT_KERNELS_ISA"
+
+_registered = False
+
+
+def _ops() -> Any:
+    """``torch.ops.specpilot``, built and loaded, fake kernels registered (else RuntimeError)."""
+    global _registered
+    reason = build.load()
+    if reason is not None:
+        raise RuntimeError(reason)
+    if not _registered:
+        _register_fakes()
+        _registered = True
+    return torch.ops.specpilot
+
+
+def _register_fakes() -> None:
+    @torch.library.register_fake("specpilot::gguf_matmul")
+    def _(x, blocks, qtype, n, k, bias=None, isa=0, row_tile=0, col_tile=0):  # type: ignore[no-untyped-def]
+        return x.new_empty((x.shape[0], n))
+
+    @torch.library.register_fake("specpilot::gguf_matmul_reference")
+    def _(x, blocks, qtype, n, k, bias=None, lanes=8):  # type: ignore[no-untyped-def]
+        return x.new_empty((x.shape[0], n))
+
+    @torch.library.register_fake("specpilot::gguf_dequantize")
+    def _(blocks, qtype, n, k, rows):  # type: ignore[no-untyped-def]
+        return blocks.new_empty((rows.numel(), k), dtype=torch.float32)
+
+
+def available() -> bool:
+    """True when the kernels built (or were cached) and loaded."""
+    return build.load() is None
+
+
+def unavailable_reason() -> str | None:
+    """One line saying why the kernels cannot run here, or None when they can."""
+    return build.load()
+
+
+def supports(qtype: int) -> bool:
+    """Whether tensors of GGML type ``qtype`` can stay in their blocks (else: dequantize them)."""
+    return int(qtype) in _BLOCK
+
+
+def row_bytes(qtype: int, k: int) -> int:
+    elems, nbytes = _BLOCK[int(qtype)]
+    if k % elems:
+        raise ValueError(f"k={k} is not a multiple of the block size {elems}")
+    return k // elems * nbytes
+
+
+def isa_code(isa: str | None = None) -> int:
+    name = isa if isa is not None else os.environ.get(ISA_ENV, "auto")
+    if name not in ISAS:
+        raise ValueError(f"unknown kernel ISA {name!r}; use one of {', '.join(ISAS)}")
+    return ISAS[name]
+
+
+def check_blocks(blocks: Tensor, qtype: int, n: int, k: int, name: str) -> Tensor:
+    """``blocks`` as a contiguous uint8 tensor; ModelLoadError naming ``name`` if malformed."""
+    if not supports(qtype):
+        raise ModelLoadError(f"tensor {name}: GGML type {qtype} has no native kernel")
+    elems = _BLOCK[int(qtype)][0]
+    if n <= 0 or k <= 0 or k % elems:
+        raise ModelLoadError(
+            f"tensor {name}: shape ({n}, {k}) does not fit blocks of {elems} elements"
+        )
+    flat = blocks.detach().contiguous().view(torch.uint8).reshape(-1)
+    want = n * row_bytes(qtype, k)
+    if flat.numel() != want:
+        raise ModelLoadError(
+            f"tensor {name}: truncated or corrupt block data: {flat.numel()} bytes, "
+            f"a ({n}, {k}) tensor of this type needs {want}"
+        )
+    return flat
+
+
+def gguf_matmul(
+    x: Tensor,
+    blocks: Tensor,
+    qtype: int,
+    n: int,
+    k: int,
+    bias: Tensor | None = None,
+    isa: str | None = None,
+    row_tile: int = 0,
+    col_tile: int = 0,
+) -> Tensor:
+    """``y[..., n] = x[..., k] . W^T (+ bias)`` with W in GGUF blocks, under the contract."""
+    lead = x.shape[:-1]
+    y = _ops().gguf_matmul(
+        x.reshape(-1, k), blocks, int(qtype), n, k, bias, isa_code(isa), row_tile, col_tile
+    )
+    return y.reshape(*lead, n)
+
+
+def gguf_matmul_reference(
+    x: Tensor,
+    blocks: Tensor,
+    qtype: int,
+    n: int,
+    k: int,
+    bias: Tensor | None = None,
+    lanes: int = 8,
+) -> Tensor:
+    """The plain single-thread reference order with ``lanes`` lanes (8 is the contract)."""
+    return _ops().gguf_matmul_reference(x.reshape(-1, k), blocks, int(qtype), n, k, bias, lanes)
+
+
+def dequantize_rows(blocks: Tensor, qtype: int, n: int, k: int, rows: Tensor) -> Tensor:
+    """fp32 rows ``rows`` of the (n, k) weight, bit-identical to ``gguf.quants.dequantize``."""
+    return _ops().gguf_dequantize(blocks, int(qtype), n, k, rows.reshape(-1))
+
+
+def reader_blocks(tensor: Any) -> tuple[Tensor, int, int, int]:
+    """(raw bytes, type id, n, k) of a 2-D ``gguf.GGUFReader`` tensor, without dequantizing."""
+    shape = [int(s) for s in tensor.shape.tolist()]
+    if len(shape) != 2:
+        raise ModelLoadError(f"tensor {tensor.name}: expected 2 dimensions, got {len(shape)}")
+    k, n = shape
+    raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(-1)
+    return torch.from_numpy(raw.copy()), int(tensor.tensor_type), n, k
+
+
+class GGUFLinear(nn.Module):
+    """``y = x W^T + b`` with W kept as raw GGUF blocks (a uint8 buffer) and run natively."""
+
+    def __init__(
+        self,
+        blocks: Tensor,
+        qtype: int,
+        out_features: int,
+        in_features: int,
+        bias: Tensor | None = None,
+        name: str = "weight",
+    ) -> None:
+        super().__init__()
+        self.qtype = int(qtype)
+        self.out_features, self.in_features = int(out_features), int(in_features)
+        self.register_buffer(
+            "blocks", check_blocks(blocks, self.qtype, out_features, in_features, name)
+        )
+        if bias is not None and bias.numel() != out_features:
+            raise ModelLoadError(
+                f"tensor {name}: bias has {bias.numel()} elements, expected {out_features}"
+            )
+        b = None if bias is None else bias.detach().to(torch.float32).contiguous()
+        self.register_buffer("bias", b)
+        self.isa = isa_code()
+        _ops()  # built and loaded now, so forward stays a plain op call (torch.compile traces it)
+
+    @classmethod
+    def from_reader_tensor(cls, tensor: Any, bias: Tensor | None = None) -> GGUFLinear:
+        blocks, qtype, n, k = reader_blocks(tensor)
+        return cls(blocks, qtype, n, k, bias, name=str(tensor.name))
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).to(torch.float32)
+        y = torch.ops.specpilot.gguf_matmul(
+            x2,
+            self.blocks,
+            self.qtype,
+            self.out_features,
+            self.in_features,
+            self.bias,
+            self.isa,
+            0,
+            0,
+        )
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, qtype={self.qtype}"

@@ -1,0 +1,281 @@
+"""Native GGUF kernels: values, the numerics contract (rows, threads, tiles, ISAs), bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFReader, GGUFWriter
+from gguf.quants import dequantize, quantize
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specpilot import kernels
+from specpilot.errors import ModelLoadError
+from specpilot.kernels import build
+
+pytestmark = pytest.mark.skipif(
+    not kernels.available(), reason=kernels.unavailable_reason() or "kernels unavailable"
+)
+
+QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
+DENSE = ["F32", "F16", "BF16"]
+ALL = QUANT + DENSE
+QUANTIZABLE = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "F16", "BF16"]
+BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
+SCALES = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
+"""Byte offsets of the fp16 scale fields inside one block."""
+SIZES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
+AVX2 = torch.ops.specpilot.isa_available(2) == 1 if kernels.available() else False
+ISAS = ["portable", "avx2"] if AVX2 else ["portable"]
+
+
+def random_weight(name: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Raw GGUF bytes (n, row_bytes) of a random valid tensor with finite scales."""
+    rng = np.random.default_rng(seed)
+    if name in DENSE:
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        if name == "F16":
+            return w.astype(np.float16).view(np.uint8)
+        if name == "BF16":
+            return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        return w.view(np.uint8)
+    nb = n * k // BLOCK[name]
+    raw = rng.integers(0, 256, size=(nb, SIZES[name]), dtype=np.uint8)
+    for off in SCALES[name]:
+        mag = 10.0 ** rng.uniform(-7, -1, size=nb)  # fp16 subnormals included
+        d = (rng.choice([-1.0, 1.0], size=nb) * mag).astype(np.float16)
+        raw[:, off : off + 2] = d.view(np.uint8).reshape(nb, 2)
+    return raw.reshape(n, -1)
+
+
+def as_tensor(raw: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).reshape(-1).copy())
+
+
+def deq(raw: np.ndarray, name: str, n: int, k: int) -> np.ndarray:
+    return np.asarray(dequantize(np.ascontiguousarray(raw), getattr(T, name))).reshape(n, k)
+
+
+def qt(name: str) -> int:
+    return int(getattr(T, name))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_dequantized_values_equal_gguf_package(name: str) -> None:
+    n, k = 5, 512
+    raw = random_weight(name, n, k, seed=1)
+    ours = kernels.dequantize_rows(as_tensor(raw), qt(name), n, k, torch.arange(n))
+    ref = torch.from_numpy(deq(raw, name, n, k).astype(np.float32))
+    assert torch.equal(ours.view(torch.int32), ref.view(torch.int32))
+    one = kernels.dequantize_rows(as_tensor(raw), qt(name), n, k, torch.tensor([3]))
+    assert torch.equal(one[0], ref[3])
+
+
+def close_to_fp64(y: torch.Tensor, x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None):
+    wd = torch.from_numpy(w.astype(np.float64))
+    ref = x.double() @ wd.T + (0 if bias is None else bias.double())
+    scale = x.double().abs() @ wd.abs().T + (0 if bias is None else bias.double().abs())
+    err = (y.double() - ref).abs()
+    assert bool((err <= 1e-5 * scale + 1e-30).all()), float((err / (scale + 1e-30)).max())
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", ALL)
+def test_matmul_against_fp64_on_random_blocks(name: str, isa: str) -> None:
+    n, k, m = 19, 512, 6
+    raw = random_weight(name, n, k, seed=2)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(3))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(4))
+    y = kernels.gguf_matmul(x, as_tensor(raw), qt(name), n, k, bias, isa=isa)
+    close_to_fp64(y, x, deq(raw, name, n, k), bias)
+
+
+@pytest.mark.parametrize("name", QUANTIZABLE)
+def test_matmul_against_fp64_on_quantized_weights(name: str) -> None:
+    n, k = 24, 96
+    w = np.random.default_rng(5).standard_normal((n, k)).astype(np.float32)
+    raw = quantize(w, getattr(T, name))
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(6))
+    y = kernels.gguf_matmul(x, as_tensor(raw), qt(name), n, k)
+    close_to_fp64(y, x, deq(raw, name, n, k), None)
+    assert float((y - x @ torch.from_numpy(w).T).abs().max()) < 0.5 * k**0.5  # real quantization
+
+
+@pytest.mark.parametrize("name", [*QUANT, "F16", "BF16"])
+def test_native_blocks_equal_dense_f32_kernel_on_dequantized(name: str) -> None:
+    n, k, m = 21, 512, 9
+    raw = random_weight(name, n, k, seed=7)
+    dense = as_tensor(deq(raw, name, n, k).astype(np.float32))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(8))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(9))
+    for isa in ISAS:
+        a = kernels.gguf_matmul(x, as_tensor(raw), qt(name), n, k, bias, isa=isa)
+        b = kernels.gguf_matmul(x, dense, qt("F32"), n, k, bias, isa=isa)
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.skipif(not AVX2, reason="this CPU has no AVX2+FMA+F16C")
+@pytest.mark.parametrize("name", ALL)
+def test_portable_path_equals_avx2_bit_for_bit(name: str) -> None:
+    n, k, m = 37, 768 if name in DENSE else 512, 11
+    raw = random_weight(name, n, k, seed=10)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(11)) * 3
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(12))
+    a = kernels.gguf_matmul(x, as_tensor(raw), qt(name), n, k, bias, isa="portable")
+    b = kernels.gguf_matmul(x, as_tensor(raw), qt(name), n, k, bias, isa="avx2")
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+TILES = [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1), (0, 0)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(ALL),
+    n=st.integers(1, 23),
+    blocks=st.integers(1, 3),
+    tail=st.integers(0, 7),
+    m=st.integers(1, 64),
+    pos=st.integers(0, 63),
+    tile=st.sampled_from(TILES),
+    isa=st.sampled_from(ISAS),
+    threads=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_rows_bit_identical_across_counts_positions_threads_tiles(
+    name: str, n: int, blocks: int, tail: int, m: int, pos: int,
+    tile: tuple[int, int], isa: str, threads: int, seed: int,
+) -> None:  # fmt: skip
+    k = 32 * blocks if name not in ("Q4_K", "Q6_K") else 256 * blocks
+    if name in DENSE:
+        k = 8 * blocks + tail  # dense rows may end in a partial chunk of 8
+    raw = as_tensor(random_weight(name, n, k, seed))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
+    pos = pos % m
+    ref = kernels.gguf_matmul(x[pos : pos + 1], raw, qt(name), n, k, isa="portable")
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        full = kernels.gguf_matmul(x, raw, qt(name), n, k, None, isa, *tile)
+    finally:
+        torch.set_num_threads(prev)
+    assert torch.equal(full[pos].view(torch.int32), ref[0].view(torch.int32))
+
+
+def test_thread_split_does_not_change_bits() -> None:
+    """Large enough that two threads really split the columns (grain: 4 columns)."""
+    n, k, m = 61, 512, 32
+    raw = as_tensor(random_weight("Q4_K", n, k, 13))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(14))
+    prev = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(kernels.gguf_matmul(x, raw, qt("Q4_K"), n, k))
+    finally:
+        torch.set_num_threads(prev)
+    assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
+
+
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fp32 fused multiply-add via fp64 (exact product; a double rounding is vanishingly rare)."""
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+def documented_order(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """The package docstring's contract written out in numpy, one (row, column) at a time."""
+    m, k = x.shape
+    y = np.empty((m, w.shape[0]), dtype=np.float32)
+    for r in range(m):
+        for c in range(w.shape[0]):
+            a = np.zeros(8, dtype=np.float32)
+            for i in range(k):
+                a[i % 8] = fma32(x[r, i], w[c, i], a[i % 8])
+            s = a[:4] + a[4:]
+            t = s[:2] + s[2:]
+            y[r, c] = (t[0] + t[1]) + bias[c]
+    return y
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "F32"])
+def test_kernel_follows_the_documented_order(name: str) -> None:
+    n, k, m = 3, 64, 2
+    raw = random_weight(name, n, k, seed=15)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(16))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(17))
+    want = documented_order(x.numpy(), deq(raw, name, n, k), bias.numpy())
+    for isa in ISAS:
+        got = kernels.gguf_matmul(x, as_tensor(raw), qt(name), n, k, bias, isa=isa)
+        assert np.array_equal(got.numpy().view(np.int32), want.view(np.int32))
+
+
+def test_planted_lane_width_4_changes_bits() -> None:
+    """An order-changing variant (4 lanes) must be caught by the same bitwise comparison."""
+    n, k, m = 64, 512, 8
+    raw = as_tensor(random_weight("Q4_0", n, k, 18))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(19))
+    kernel = kernels.gguf_matmul(x, raw, qt("Q4_0"), n, k)
+    eight = kernels.gguf_matmul_reference(x, raw, qt("Q4_0"), n, k, lanes=8)
+    four = kernels.gguf_matmul_reference(x, raw, qt("Q4_0"), n, k, lanes=4)
+    assert torch.equal(kernel.view(torch.int32), eight.view(torch.int32))
+    assert not torch.equal(kernel.view(torch.int32), four.view(torch.int32))
+    assert torch.allclose(kernel, four, rtol=1e-4, atol=1e-4)  # same math, other rounding
+
+
+def test_truncated_block_data_names_the_tensor() -> None:
+    raw = as_tensor(random_weight("Q4_K", 4, 256, 20))
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.ffn_up\.weight.*truncated"):
+        kernels.GGUFLinear(raw[:-7], qt("Q4_K"), 4, 256, name="blk.0.ffn_up.weight")
+    with pytest.raises(ModelLoadError, match=r"output\.weight"):
+        kernels.GGUFLinear(raw, qt("Q4_K"), 4, 200, name="output.weight")
+    with pytest.raises(ModelLoadError, match="bias"):
+        kernels.GGUFLinear(raw, qt("Q4_K"), 4, 256, torch.zeros(3), name="x")
+
+
+def test_unsupported_block_type_is_reported_not_run() -> None:
+    assert all(kernels.supports(qt(name)) for name in ALL)
+    for name in ("Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL"):
+        assert not kernels.supports(qt(name))
+    with pytest.raises(ModelLoadError, match=r"blk\.1\.attn_q\.weight.*no native kernel"):
+        kernels.GGUFLinear(torch.zeros(24, dtype=torch.uint8), qt("Q5_1"), 1, 32,
+                           name="blk.1.attn_q.weight")  # fmt: skip
+
+
+def test_failed_build_gives_a_one_line_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build, "_state", {})
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    reason = build.load()
+    assert reason is not None and "\n" not in reason
+    assert reason.startswith("native GGUF kernels unavailable: no C++ compiler")
+
+
+def test_linear_from_gguf_reader_tensor(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    n, k = 16, 256
+    raw = {name: random_weight(name, n, k, seed=21 + i) for i, name in enumerate(QUANT)}
+    path = tmp_path / "t.gguf"
+    writer = GGUFWriter(path, "llama")
+    for name, r in raw.items():
+        writer.add_tensor(f"w.{name}", r, raw_shape=r.shape, raw_dtype=getattr(T, name))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    x = torch.randn(2, 3, k, generator=torch.Generator().manual_seed(22))
+    for t in GGUFReader(path).tensors:
+        name = t.name.split(".")[1]
+        lin = kernels.GGUFLinear.from_reader_tensor(t)
+        assert (lin.out_features, lin.in_features) == (n, k)
+        y = lin(x)
+        want = kernels.gguf_matmul(x.reshape(-1, k), as_tensor(raw[name]), qt(name), n, k)
+        assert y.shape == (2, 3, n) and torch.equal(y.reshape(-1, n), want)
+
+
+def test_custom_op_traces_under_torch_compile() -> None:
+    n, k = 8, 64
+    lin = kernels.GGUFLinear(as_tensor(random_weight("Q8_0", n, k, 23)), qt("Q8_0"), n, k)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(24))
+    compiled = torch.compile(lin, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), lin(x))
