@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.profiler import record_function
 
-from specpilot.config import ModelConfig, rope_inv_freq
+from specpilot.config import ModelConfig, rope_inv_freq, window_mask
 
 ATTENTION_KINDS = ("exact", "sdpa")
 LINEAR_KINDS = ("onednn", "torch")
@@ -72,18 +72,20 @@ def onednn_available() -> bool:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
         super().__init__()
         self.eps = eps
+        self.offset = offset  # Gemma: the scale is 1 + weight, in fp32
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
         dtype = x.dtype
+        w = 1.0 + self.weight.float() if self.offset else self.weight
         if dtype == torch.float32:  # one fused op, bitwise equal to the formula below in fp32
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return (h * w).to(dtype) if self.offset else self.weight * h.to(dtype)
 
 
 class PackedLinear(nn.Module):
@@ -164,8 +166,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, cfg.gemma) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, cfg.gemma) if cfg.qk_norm else None
+        qs = cfg.query_pre_attn_scalar
+        self.scale = qs**-0.5 if qs else None  # None: SDPA's 1/sqrt(head_dim)
         self.qkv: PackedLinear | None = None
         self.cache: KVCache | None = None
         self.exact = False
@@ -207,10 +211,12 @@ class Attention(nn.Module):
             m = None if mask is None else mask.unsqueeze(1)  # (B, 1, T, kv_len)
             if self.exact:
                 o = F.scaled_dot_product_attention(
-                    q.double(), keys, vals, attn_mask=m, enable_gqa=True
+                    q.double(), keys, vals, attn_mask=m, enable_gqa=True, scale=self.scale
                 ).to(x.dtype)
             else:
-                o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=m, enable_gqa=True)
+                o = F.scaled_dot_product_attention(
+                    q, keys, vals, attn_mask=m, enable_gqa=True, scale=self.scale
+                )
             o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H*hd)
         with kernel_range("o_proj"):
             return self.o_proj(o)
@@ -227,7 +233,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.dim, bias=False)
-
+        self.act = gelu_tanh if cfg.gemma else F.silu  # GeGLU (Gemma) or SwiGLU
         self.gate_up: PackedLinear | None = None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -235,19 +241,29 @@ class MLP(nn.Module):
             if self.gate_up is not None:  # fused projection (after prepack)
                 gu = self.gate_up(x)
                 i = gu.shape[-1] // 2
-                act = F.silu(gu[..., :i]) * gu[..., i:]
+                act = self.act(gu[..., :i]) * gu[..., i:]
             else:
-                act = F.silu(self.gate_proj(x)) * self.up_proj(x)
+                act = self.act(self.gate_proj(x)) * self.up_proj(x)
         with kernel_range("down"):
             return self.down_proj(act)
 
 
+def gelu_tanh(x: Tensor) -> Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
 class Block(nn.Module):
+    """Pre-norm block; Gemma adds a norm after attention and after the MLP (four in all)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.dim, cfg.rms_eps)
+        self.gemma = cfg.gemma
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.rms_eps, cfg.gemma)
         self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.rms_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.rms_eps, cfg.gemma)
+        if cfg.gemma:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.dim, cfg.rms_eps, True)
+            self.post_feedforward_layernorm = RMSNorm(cfg.dim, cfg.rms_eps, True)
         self.mlp = MLP(cfg)
 
     def forward(
@@ -262,6 +278,15 @@ class Block(nn.Module):
     ) -> Tensor:
         with kernel_range("qkv"):
             a = self.input_layernorm(x)
+        if self.gemma:
+            a = self.self_attn(a, cos, sin, slots, kv_len, mask, rows)
+            with kernel_range("o_proj"):
+                h = x + self.post_attention_layernorm(a)
+            with kernel_range("gate_up"):
+                a = self.pre_feedforward_layernorm(h)
+            a = self.mlp(a)
+            with kernel_range("down"):
+                return h + self.post_feedforward_layernorm(a)
         h = x + self.self_attn(a, cos, sin, slots, kv_len, mask, rows)
         with kernel_range("gate_up"):
             a = self.post_attention_layernorm(h)
@@ -286,8 +311,10 @@ class Transformer(nn.Module):
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.model.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.model.norm = RMSNorm(cfg.dim, cfg.rms_eps)
+        self.model.norm = RMSNorm(cfg.dim, cfg.rms_eps, cfg.gemma)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self._sliding = tuple(cfg.sliding(i) for i in range(cfg.n_layers))
+        self._local: tuple[Tensor, Tensor] | None = None  # sliding layers' RoPE tables
         self.max_len = 0
         self.batch = 0
         self.attention = "sdpa"
@@ -325,13 +352,17 @@ class Transformer(nn.Module):
                 batch, cfg.n_kv_heads, max_len, cfg.head_dim, cache_dtype, self.device
             )
             layer.self_attn.exact = exact
-        inv_freq, scale = rope_inv_freq(cfg)
+        self._cos, self._sin = self._rope_tables(max_len, local=False)
+        self._local = self._rope_tables(max_len, local=True) if any(self._sliding) else None
+        self.max_len, self.batch = max_len, batch
+
+    def _rope_tables(self, max_len: int, local: bool) -> tuple[Tensor, Tensor]:
+        inv_freq, scale = rope_inv_freq(self.cfg, local)
         pos = torch.arange(max_len, dtype=torch.int64).float()
         freqs = pos[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self._cos = (emb.cos() * scale).to(device=self.device, dtype=self.dtype)
-        self._sin = (emb.sin() * scale).to(device=self.device, dtype=self.dtype)
-        self.max_len, self.batch = max_len, batch
+        cos = (emb.cos() * scale).to(device=self.device, dtype=self.dtype)
+        return cos, (emb.sin() * scale).to(device=self.device, dtype=self.dtype)
 
     def prepack(self, linear: str = "onednn") -> None:
         """Fuse q/k/v and gate/up and prepack all projections for oneDNN (CPU fp32 only).
@@ -389,14 +420,23 @@ class Transformer(nn.Module):
         assert tokens.shape == positions.shape, (tokens.shape, positions.shape)
         assert kv_len <= self.max_len, f"kv_len {kv_len} exceeds cache size {self.max_len}"
         x = self.model.embed_tokens(tokens)  # (B, T, dim)
-        cos = self._cos[positions].unsqueeze(2)  # (B, T, 1, head_dim)
-        sin = self._sin[positions].unsqueeze(2)
+        if self.cfg.gemma:  # scaled in the model dtype, as Hugging Face does
+            x = x * torch.tensor(self.cfg.dim**0.5).to(x.dtype)
+        full = (self._cos[positions].unsqueeze(2), self._sin[positions].unsqueeze(2), mask)
+        local = full  # cos/sin (B, T, 1, head_dim) and the mask of the sliding layers
+        if self._local is not None:
+            local = (
+                self._local[0][positions].unsqueeze(2),
+                self._local[1][positions].unsqueeze(2),
+                window_mask(mask, positions, slots, kv_len, self.max_len, self.cfg.sliding_window),
+            )
         want = set(hidden_layers)
         hidden: dict[int, Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             if i in want:
                 hidden[i] = x
-            x = layer(x, cos, sin, slots, kv_len, mask, cache_rows)
+            cos, sin, m = local if self._sliding[i] else full
+            x = layer(x, cos, sin, slots, kv_len, m, cache_rows)
         with kernel_range("lm_head"):
             x = self.model.norm(x)
         if self.cfg.n_layers in want:
@@ -406,6 +446,9 @@ class Transformer(nn.Module):
             rows = x if logits_rows is None else x[:, logits_rows]
             with kernel_range("lm_head"):
                 logits = self.lm_head(rows).float()
+                if self.cfg.final_logit_softcap:
+                    cap = self.cfg.final_logit_softcap
+                    logits = torch.tanh(logits / cap) * cap
         return ForwardOut(logits, tuple(hidden[i] for i in hidden_layers))
 
     def compact_cache(self, src: Tensor, dst: int) -> None:
