@@ -2,17 +2,12 @@
 
 One batched cache holds every running sequence in its own row; sequences are packed into rows
 ``[0, n)`` (a finished sequence's row is refilled by the last one). Each sequence keeps its own
-cache length, so a step verifies, per row, the root and that sequence's draft tree at its own
-positions and slots::
-
-    row 0  [prefix of 7 cached] root a b c       (3 draft nodes)   slots 7..10
-    row 1  [prefix of 4 cached] root x  pad pad  (1 draft node)    slots 4..5, pads -> scratch
-
-and after verification each row commits its own accepted path plus one token (ragged
-acceptance). Pad rows write to a reserved scratch slot (the last of the cache) and see only their
-own prefix; every real row sees exactly the keys it would see decoded alone, and with the
-batch-invariant kernels of :mod:`specpilot.model` (oneDNN GEMMs, fp64 attention) its logits are
-the same bits, so batched speculative greedy output equals each sequence decoded alone.
+cache length; a step verifies every row's root and draft tree in one forward through
+:func:`specpilot.verify.verify_step` (the layout and pad rows are described there) and each row
+commits its own accepted path plus one token (ragged acceptance). Every real row sees exactly the
+keys it would see decoded alone, and with the batch-invariant kernels of :mod:`specpilot.model`
+(oneDNN GEMMs, fp64 attention) its logits are the same bits, so batched speculative greedy output
+equals each sequence decoded alone.
 
 Verify budget. Verification work grows with the batch, so the node budget must shrink with it
 (vLLM #6494, #19254): :class:`VerifyBudget` maps batch size to nodes per sequence, and
@@ -32,12 +27,18 @@ import torch
 from torch import Tensor
 
 from specpilot.drafters.base import DraftContext, Drafter
-from specpilot.engine import EngineConfig, GenerationConfig, GenerationResult, TokenCallback
-from specpilot.engine import _Stopper as Stopper
+from specpilot.engine import (
+    EngineConfig,
+    GenerationConfig,
+    GenerationResult,
+    Stopper,
+    TokenCallback,
+)
 from specpilot.errors import ConfigError, ContextLengthError
-from specpilot.model import Transformer, causal_mask, kernel_range
+from specpilot.model import Transformer, kernel_range
 from specpilot.sampling import Sampler
-from specpilot.tree import DraftTree, TreeSpec, subtree, tree_mask
+from specpilot.tree import DraftTree, TreeSpec, subtree
+from specpilot.verify import VerifyRow, prefill, verify_step
 
 DEFAULT_BUDGET_TABLE: tuple[tuple[int, int], ...] = ((1, 16), (2, 8), (4, 6), (8, 4), (16, 2))
 """(batch size, draft nodes per sequence): the entry with the largest batch size <= B applies."""
@@ -250,7 +251,7 @@ class BatchEngine:
         if self.free <= 0:
             raise ConfigError("no free row in the batch; wait for a sequence to finish")
         self._ensure_cache()
-        prompt, dev = list(req.prompt), self.model.device
+        prompt = list(req.prompt)
         spec = req.spec or TreeSpec()
         slot = Slot(
             req,
@@ -263,18 +264,8 @@ class BatchEngine:
             t_admit=time.perf_counter(),
         )
         taps = tuple(req.drafter.hidden_layers) if req.drafter is not None else ()
-        p = len(prompt)
         with kernel_range("prefill"):
-            out = self.model(
-                torch.tensor([prompt], device=dev),
-                torch.arange(p, device=dev)[None],
-                0,
-                p,
-                causal_mask(0, p, p, dev),
-                logits_rows=slice(p - 1, p),
-                hidden_layers=taps,
-                cache_rows=slice(slot.row, slot.row + 1),
-            )
+            out = prefill(self.model, prompt, taps, row=slot.row)
             first = slot.sampler.first(out.logits[0, -1])
         slot.hidden = tuple(h[0] for h in out.hidden)
         slot.res.prefill_s = time.perf_counter() - slot.t_admit
@@ -293,11 +284,7 @@ class BatchEngine:
             return
         last = self.slots[-1]
         if last is not slot:
-            n = last.cache_len
-            for layer in self.model.model.layers:
-                c = layer.self_attn.cache
-                c.k[slot.row, :, :n] = c.k[last.row, :, :n]
-                c.v[slot.row, :, :n] = c.v[last.row, :, :n]
+            self.model.move_cache_row(last.row, slot.row, last.cache_len)
             last.row = slot.row
             self.slots[slot.row] = last
         self.slots.pop()
@@ -337,52 +324,27 @@ class BatchEngine:
         self._ensure_cache()
         slots = list(self.slots)
         trees = self._propose()
-        b, dev = len(slots), self.model.device
-        t = 1 + max(tr.size for tr in trees)
-        scratch = self.max_len - 1
-        toks = torch.zeros(b, t, dtype=torch.long)  # (B, T): root, nodes, pads
-        pos = torch.zeros(b, t, dtype=torch.long)  # (B, T)
-        where = torch.full((b, t), scratch, dtype=torch.long)  # (B, T) cache slots
-        kv_len = max(s.cache_len + tr.size + 1 for s, tr in zip(slots, trees, strict=True))
-        mask = torch.zeros(b, t, kv_len, dtype=torch.bool)  # (B, T, kv_len)
-        for r, (s, tr) in enumerate(zip(slots, trees, strict=True)):
-            c, n = s.cache_len, tr.size
-            toks[r, 0] = s.committed[-1]
-            toks[r, 1 : n + 1] = tr.tokens
-            pos[r, : n + 1] = c + torch.cat([torch.zeros(1, dtype=torch.long), tr.depths])
-            pos[r, n + 1 :] = c
-            where[r, : n + 1] = torch.arange(c, c + n + 1)
-            mask[r, :, :c] = True
-            mask[r, : n + 1, c : c + n + 1] = tree_mask(tr)
-            mask[r, n + 1 :, c] = True  # pads see the prefix and the root
         taps = tuple(
             sorted({i for s in slots if s.req.drafter for i in s.req.drafter.hidden_layers})
         )
-        out = self.model(
-            toks.to(dev),
-            pos.to(dev),
-            where.to(dev),
-            kv_len,
-            mask.to(dev),
-            hidden_layers=taps,
-            cache_rows=slice(0, b),
+        rows = [
+            VerifyRow(s.committed[-1], s.cache_len, tr, s.sampler)
+            for s, tr in zip(slots, trees, strict=True)
+        ]
+        outcomes = verify_step(
+            self.model, rows, taps, cache_rows=slice(0, len(slots)), scratch=self.max_len - 1
         )
-        logits = out.logits  # (B, T, vocab)
         finished: list[Slot] = []
         accepted: list[int] = []
-        for r, (s, tr) in enumerate(zip(slots, trees, strict=True)):
-            acc = s.sampler.verify(tr, logits[r, : tr.size + 1])
-            self._compact(s, acc.path)
-            rows = [0, *(i + 1 for i in acc.path)]
+        for s, tr, o in zip(slots, trees, outcomes, strict=True):
             want = s.req.drafter.hidden_layers if s.req.drafter else ()
-            s.hidden = tuple(out.hidden[taps.index(i)][r, rows] for i in want)
+            s.hidden = tuple(o.hidden[taps.index(i)] for i in want)
             s.res.steps += 1
-            s.res.accept_lengths.append(len(acc.path))
+            s.res.accept_lengths.append(len(o.path))
             s.res.draft_nodes.append(tr.size)
-            accepted.append(len(acc.path))
-            new = list(acc.tokens)
-            s.committed.extend(new)
-            if s.stopper.push(s.res, new, s.req.on_tokens):
+            accepted.append(len(o.path))
+            s.committed.extend(o.tokens)
+            if s.stopper.push(s.res, o.tokens, s.req.on_tokens):
                 finished.append(s)
         now = time.perf_counter()
         for s in finished:
@@ -390,18 +352,7 @@ class BatchEngine:
             s.res.decode_s = now - s.t_admit - s.res.prefill_s
             self.remove(s)
         nodes = sum(tr.size for tr in trees)
-        return finished, StepStats(b, nodes, tuple(accepted), now - t0)
-
-    def _compact(self, s: Slot, path: tuple[int, ...]) -> None:
-        if not path or list(path) == list(range(len(path))):
-            return
-        c = s.cache_len
-        src = torch.tensor([c + 1 + i for i in path], device=self.model.device)
-        m = len(path)
-        for layer in self.model.model.layers:
-            cache = layer.self_attn.cache
-            for buf in (cache.k[s.row], cache.v[s.row]):  # (n_kv, max_len, head_dim) views
-                buf[:, c + 1 : c + 1 + m] = buf.index_select(1, src)
+        return finished, StepStats(len(slots), nodes, tuple(accepted), now - t0)
 
 
 @dataclass

@@ -22,9 +22,10 @@ from torch import Tensor
 
 from specpilot.drafters.base import DraftContext, Drafter
 from specpilot.errors import ConfigError, ContextLengthError
-from specpilot.model import ATTENTION_KINDS, LINEAR_KINDS, Transformer, causal_mask, kernel_range
+from specpilot.model import ATTENTION_KINDS, LINEAR_KINDS, Transformer, kernel_range
 from specpilot.sampling import Sampler, SamplingParams
-from specpilot.tree import DraftTree, TreeSpec, tree_mask, verify_greedy
+from specpilot.tree import DraftTree, TreeSpec
+from specpilot.verify import StepOutcome, VerifyRow, committed_rows, prefill, verify_step
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -174,17 +175,7 @@ class Engine:
         if n == 0:
             raise ConfigError("empty token sequence")
         self._ensure_cache(n + 1)
-        dev = self.model.device
-        out = self.model(
-            torch.tensor([list(tokens)], device=dev),
-            torch.arange(n, device=dev)[None],
-            0,
-            n,
-            causal_mask(0, n, n, dev),
-            logits_rows=slice(n - 1, n),
-            hidden_layers=tuple(layers),
-        )
-        return tuple(h[0] for h in out.hidden)
+        return tuple(h[0] for h in prefill(self.model, tokens, tuple(layers)).hidden)
 
     @torch.no_grad()
     def generate(
@@ -217,25 +208,15 @@ class Engine:
         if gen.stop_strings and detok is None:
             raise ConfigError("stop strings need a detokenizer")
         self._ensure_cache(need)
-        dev = self.model.device
         res = GenerationResult(prompt_len=len(prompt), tokens=[])
-        stopper = _Stopper(gen, tuple(eos_ids), detok)
+        stopper = Stopper(gen, tuple(eos_ids), detok)
         taps = tuple(drafter.hidden_layers) if drafter is not None else ()
         sampler = Sampler(gen.sampling)
 
         t0 = time.perf_counter()
         p = len(prompt)
         with kernel_range("prefill"):
-            ids = torch.tensor([prompt], device=dev)
-            out = self.model(
-                ids,
-                torch.arange(p, device=dev)[None],
-                0,
-                p,
-                causal_mask(0, p, p, dev),
-                logits_rows=slice(p - 1, p),
-                hidden_layers=taps,
-            )
+            out = prefill(self.model, prompt, taps)
             first = sampler.first(out.logits[0, -1])
         if gen.record_margins:
             res.margins.append(_margin(out.logits[0, -1]))
@@ -256,17 +237,15 @@ class Engine:
                     tree = drafter.propose(DraftContext(committed, p, spec, hidden))
                 res.draft_s += time.perf_counter() - td
                 assert tree.size <= n_nodes, f"drafter returned {tree.size} > {n_nodes} nodes"
-            accepted, new, logits, hidden = self._step(
-                committed[-1], cache_len, tree, taps, sampler
-            )
+            step = self.step(committed[-1], cache_len, tree, taps, sampler)
+            hidden = step.hidden
             res.steps += 1
-            res.accept_lengths.append(len(accepted))
+            res.accept_lengths.append(len(step.path))
             res.draft_nodes.append(tree.size)
             if gen.record_margins:
-                rows = [0, *(i + 1 for i in accepted)]
-                res.margins.extend(_margin(logits[r]) for r in rows)
-            committed.extend(new)
-            done = stopper.push(res, new, on_tokens)
+                res.margins.extend(_margin(step.logits[r]) for r in committed_rows(step.path))
+            committed.extend(step.tokens)
+            done = stopper.push(res, step.tokens, on_tokens)
         res.decode_s = time.perf_counter() - t1
         if drafter is not None:
             drafter.finish(committed[: p + len(res.tokens)])
@@ -274,40 +253,19 @@ class Engine:
             res.margins = res.margins[: len(res.tokens)]
         return res
 
-    def _step(
+    def step(
         self,
         root: int,
         cache_len: int,
         tree: DraftTree,
-        taps: tuple[int, ...],
+        taps: tuple[int, ...] = (),
         sampler: Sampler | None = None,
-    ) -> tuple[tuple[int, ...], list[int], Tensor, tuple[Tensor, ...]]:
-        """Verify ``tree`` under ``root``; commit; return (accepted path, new tokens, logits,
-        hidden states of the rows now committed to the cache)."""
+    ) -> StepOutcome:
+        """Verify ``tree`` under ``root`` and commit the accepted path (see
+        :mod:`specpilot.verify`); the overhead mechanisms' verifier takes greedy steps."""
         if self._fast is not None and (sampler is None or sampler.greedy):
             return self._fast.step(root, cache_len, tree, taps)
-        dev = self.model.device
-        n = tree.size
-        toks = torch.cat([torch.tensor([root]), tree.tokens]).to(dev)[None]  # (1, n+1)
-        depth = torch.cat([torch.zeros(1, dtype=torch.long), tree.depths]).to(dev)
-        pos = (cache_len + depth)[None]  # (1, n+1)
-        kv_len = cache_len + n + 1
-        mask = None
-        if n:
-            mask = torch.ones(1, n + 1, kv_len, dtype=torch.bool, device=dev)
-            mask[0, :, cache_len:] = tree_mask(tree).to(dev)
-        out = self.model(toks, pos, cache_len, kv_len, mask, hidden_layers=taps)
-        logits = out.logits[0]  # (n+1, vocab)
-        if sampler is None or sampler.greedy:
-            acc = verify_greedy(tree, logits.argmax(-1).tolist())
-        else:
-            acc = sampler.verify(tree, logits)
-        if acc.path and list(acc.path) != list(range(len(acc.path))):
-            src = torch.tensor([cache_len + 1 + i for i in acc.path], device=dev)
-            self.model.compact_cache(src, cache_len + 1)
-        rows = [0, *(i + 1 for i in acc.path)]
-        hidden = tuple(h[0, rows] for h in out.hidden)
-        return acc.path, list(acc.tokens), logits, hidden
+        return verify_step(self.model, [VerifyRow(root, cache_len, tree, sampler)], taps)[0]
 
 
 def _margin(row: Tensor) -> float:
@@ -315,7 +273,7 @@ def _margin(row: Tensor) -> float:
     return float(top[0] - top[1])
 
 
-class _Stopper:
+class Stopper:
     """Appends committed tokens to a result, applying EOS / length / stop-string rules."""
 
     def __init__(

@@ -1,6 +1,6 @@
 """Overhead mechanisms of the verify step: preallocated buffers, on-device acceptance, CUDA graphs.
 
-The engine's default step (:meth:`specpilot.engine.Engine._step`) allocates a fresh mask each step,
+The engine's default step (:func:`specpilot.verify.verify_step`) allocates a fresh mask each step,
 reads the target's choices back to the host, walks the tree in Python, and sends the compaction
 indices back to the device. :class:`FastVerifier` replaces it, switch by switch (all greedy only;
 the engine keeps its own step for sampling):
@@ -33,7 +33,16 @@ import torch
 from torch import Tensor
 
 from specpilot.model import Transformer
-from specpilot.tree import DraftTree, tree_mask, verify_greedy
+from specpilot.tree import DraftTree, tree_mask
+from specpilot.verify import (
+    StepOutcome,
+    VerifyRow,
+    accept,
+    build_inputs,
+    commit,
+    committed_rows,
+    forward,
+)
 
 KV_BUCKET = 256
 """Key-length granularity of captured graphs (cache slots)."""
@@ -115,9 +124,8 @@ class FastVerifier:
     @torch.no_grad()
     def step(
         self, root: int, cache_len: int, tree: DraftTree, taps: tuple[int, ...]
-    ) -> tuple[tuple[int, ...], list[int], Tensor, tuple[Tensor, ...]]:
-        """Same contract as the engine's step: (accepted path, new tokens, logits (n+1, V),
-        hidden states of the committed rows)."""
+    ) -> StepOutcome:
+        """Same contract as :func:`specpilot.verify.verify_step` for one greedy sequence."""
         n = tree.size
         m = self.model
         tm = tree_mask(tree)  # (n+1, n+1)
@@ -132,30 +140,17 @@ class FastVerifier:
                 root, cache_len, tree, tm, width, kv, taps, graph
             )
         else:
-            out, mask_region = self._forward_plain(root, cache_len, tree, tm, taps), None
+            rows = [VerifyRow(root, cache_len, tree)]
+            inputs = build_inputs(rows, m.device, m.max_len - 1)
+            out, mask_region = forward(m, inputs, taps), None
         logits = out.logits[0]  # (width, V)
         try:
-            path, new, rows = self._accept(logits, cache_len, tree, tm)
+            path, new, keep = self._accept(logits, cache_len, tree, tm)
         finally:
             if mask_region is not None:
                 mask_region.fill_(True)
-        hidden = tuple(h[0, rows] for h in out.hidden)
-        return path, new, logits[: n + 1], hidden
-
-    def _forward_plain(
-        self, root: int, cache_len: int, tree: DraftTree, tm: Tensor, taps: tuple[int, ...]
-    ) -> Any:
-        dev = self.model.device
-        n = tree.size
-        toks = torch.cat([torch.tensor([root]), tree.tokens]).to(dev)[None]  # (1, n+1)
-        depth = torch.cat([torch.zeros(1, dtype=torch.long), tree.depths]).to(dev)
-        pos = (cache_len + depth)[None]
-        kv_len = cache_len + n + 1
-        mask = None
-        if n:
-            mask = torch.ones(1, n + 1, kv_len, dtype=torch.bool, device=dev)
-            mask[0, :, cache_len:] = tm.to(dev)
-        return self.model(toks, pos, cache_len, kv_len, mask, hidden_layers=taps)
+        hidden = tuple(h[0, keep] for h in out.hidden)
+        return StepOutcome(path, new, logits[: n + 1], hidden)
 
     def _forward_buffered(
         self,
@@ -242,11 +237,9 @@ class FastVerifier:
         dev = m.device
         n = tree.size
         if not self.device_accept:
-            acc = verify_greedy(tree, logits[: n + 1].argmax(-1).tolist())
-            if acc.path and list(acc.path) != list(range(len(acc.path))):
-                src = torch.tensor([cache_len + 1 + i for i in acc.path], device=dev)
-                m.compact_cache(src, cache_len + 1)
-            return acc.path, list(acc.tokens), [0, *(i + 1 for i in acc.path)]
+            acc = accept(tree, logits[: n + 1])
+            commit(m, cache_len, acc.path)
+            return acc.path, list(acc.tokens), committed_rows(acc.path)
         target = logits[: n + 1].argmax(-1)  # (n+1,)
         if n == 0:
             return (), [int(target[0])], [0]

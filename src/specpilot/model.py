@@ -151,11 +151,18 @@ class KVCache(nn.Module):
             kc[b, :, slots] = k.transpose(1, 2).to(kc.dtype)  # (B, T, n_kv, head_dim)
             vc[b, :, slots] = v.transpose(1, 2).to(vc.dtype)
 
-    def compact(self, src: Tensor, dst: int) -> None:
-        """Move the entries at slots ``src`` (ascending, each >= dst + i) to ``dst, dst+1, ...``."""
+    def compact(self, src: Tensor, dst: int, row: int | None = None) -> None:
+        """Move the entries at slots ``src`` (ascending, each >= dst + i) to ``dst, dst+1, ...``
+        in batch row ``row`` (None = every row)."""
         n = src.shape[0]
-        self.k[:, :, dst : dst + n] = self.k.index_select(2, src)
-        self.v[:, :, dst : dst + n] = self.v.index_select(2, src)
+        for buf in (self.k, self.v):
+            view = buf if row is None else buf[row : row + 1]  # (B', n_kv, max_len, head_dim)
+            view[:, :, dst : dst + n] = view.index_select(2, src)
+
+    def move_row(self, src: int, dst: int, n: int) -> None:
+        """Copy the first ``n`` slots of batch row ``src`` into row ``dst``."""
+        self.k[dst, :, :n] = self.k[src, :, :n]
+        self.v[dst, :, :n] = self.v[src, :, :n]
 
 
 class Attention(nn.Module):
@@ -451,10 +458,18 @@ class Transformer(nn.Module):
                     logits = torch.tanh(logits / cap) * cap
         return ForwardOut(logits, tuple(hidden[i] for i in hidden_layers))
 
-    def compact_cache(self, src: Tensor, dst: int) -> None:
+    def compact_cache(self, src: Tensor, dst: int, row: int | None = None) -> None:
+        """Move cache slots ``src`` to ``dst, dst+1, ...`` in every layer (batch row ``row``,
+        None = every row): commits an accepted tree path onto the prefix."""
         for layer in self.model.layers:
             assert layer.self_attn.cache is not None
-            layer.self_attn.cache.compact(src, dst)
+            layer.self_attn.cache.compact(src, dst, row)
+
+    def move_cache_row(self, src: int, dst: int, n: int) -> None:
+        """Copy the first ``n`` cache slots of batch row ``src`` into row ``dst`` (every layer)."""
+        for layer in self.model.layers:
+            assert layer.self_attn.cache is not None
+            layer.self_attn.cache.move_row(src, dst, n)
 
 
 def causal_mask(start: int, t: int, kv_len: int, device: torch.device) -> Tensor:

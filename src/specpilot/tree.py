@@ -15,8 +15,11 @@ parent's, the best N are closed under ancestors (ties broken toward the earlier 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -219,6 +222,167 @@ def shape_tree(cand: DraftTree, spec: TreeSpec) -> DraftTree:
     if spec.kind == "static":
         return select_paths(cand, spec.paths)
     return select_best(cand, spec.budget)
+
+
+# -- building trees ---------------------------------------------------------------------------
+#
+# One builder for every drafter: the drafter supplies a children function, the builder decides
+# which nodes to expand and in what order, and :func:`shape_tree` applies the spec.
+
+Continuation = tuple[float, int, Any]
+"""(log-prob of the token given its parent, token, the drafter's state for the new node)."""
+Children = Callable[["GrowingTree", list[int], int], list[list[Continuation]]]
+"""``children(nodes, frontier, width)``: for each frontier node (-1 = the root) its best
+``width`` continuations, best first. One call per expansion round (a drafter that pays a forward
+per call batches the frontier into one)."""
+
+
+class GrowingTree:
+    """A tree under construction: per node its token, parent, depth, score and drafter state."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.depths: list[int] = []
+        self.scores: list[float] = []
+        self.states: list[Any] = []
+        """The drafter's per-node state (a trie position, the cache slots of a fed node, ...)."""
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, tok: int, parent: int, score: float, state: Any = None) -> int:
+        self.tokens.append(tok)
+        self.parents.append(parent)
+        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+        self.scores.append(score)
+        self.states.append(state)
+        return len(self.tokens) - 1
+
+    def tree(self) -> DraftTree:
+        return DraftTree.from_parents(self.tokens, self.parents, self.scores)
+
+
+def chain_paths(k: int) -> tuple[tuple[int, ...], ...]:
+    """A chain of ``k`` as rank paths: (0,), (0, 0), ..."""
+    return tuple((0,) * i for i in range(1, k + 1))
+
+
+def path_widths(paths: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], int]:
+    """Rank-path prefix -> how many ranked children it needs (() is the root).
+
+    >>> path_widths([(0,), (1,), (0, 0)])
+    {(): 2, (0,): 1}
+    """
+    need: dict[tuple[int, ...], int] = {}
+    for p in paths:
+        for i, r in enumerate(p):
+            need[p[:i]] = max(need.get(p[:i], 0), r + 1)
+    return need
+
+
+def grow_best_first(children: Children, budget: int, max_depth: int, width: int) -> GrowingTree:
+    """Best-first over cumulative log-probability (DDTree): pop the most probable open node,
+    expand it, until ``budget`` nodes; ties go to the node pushed first. Parents precede their
+    children, and the result is the ``budget`` most probable nodes within ``max_depth``."""
+    nodes = GrowingTree()
+    heap: list[tuple[float, int, int, int, int, Any]] = []
+    seq = 0
+
+    def push(parent: int, base: float, depth: int) -> None:
+        nonlocal seq
+        for lp, tok, state in children(nodes, [parent], width)[0]:
+            heapq.heappush(heap, (-(base + lp), seq, tok, parent, depth, state))
+            seq += 1
+
+    if max_depth >= 1:
+        push(-1, 0.0, 1)
+    while heap and len(nodes) < budget:
+        neg, _, tok, parent, depth, state = heapq.heappop(heap)
+        i = nodes.add(tok, parent, -neg, state)
+        if depth < max_depth:
+            push(i, -neg, depth + 1)
+    return nodes
+
+
+def grow_levels(
+    children: Children, k: int, max_depth: int, min_logp: float = -math.inf
+) -> GrowingTree:
+    """EAGLE-2 (Li et al. 2024): per depth the ``k`` best nodes of the last level (at least
+    ``min_logp``) are expanded in one call, each adding its ``k`` best children."""
+    nodes = GrowingTree()
+    if max_depth < 1:
+        return nodes
+    level = [nodes.add(t, -1, v, st) for v, t, st in children(nodes, [-1], k)[0]]
+    k = min(k, len(level))  # a vocabulary smaller than k
+    for _ in range(1, max_depth):
+        frontier = sorted(level, key=lambda i: (-nodes.scores[i], i))[:k]
+        frontier = [i for i in frontier if nodes.scores[i] >= min_logp]
+        if not frontier:
+            break
+        level = []
+        for i, kids in zip(frontier, children(nodes, frontier, k), strict=True):
+            base = nodes.scores[i]
+            level.extend(nodes.add(t, i, base + v, st) for v, t, st in kids)
+    return nodes
+
+
+def grow_rank_paths(
+    children: Children,
+    paths: Sequence[tuple[int, ...]],
+    max_depth: int,
+    min_logp: float = -math.inf,
+) -> GrowingTree:
+    """Chains and static trees: level by level, expand exactly the prefixes the rank paths
+    extend (whose score is at least ``min_logp``), with the higher-ranked siblings that define
+    each node's rank."""
+    need = path_widths(paths)
+    nodes = GrowingTree()
+    if () not in need or max_depth < 1:
+        return nodes
+    prefix: list[tuple[int, ...]] = []
+    frontier = [-1]
+    for _ in range(max_depth):
+        width = max(need[() if i < 0 else prefix[i]] for i in frontier)
+        level = []
+        for i, kids in zip(frontier, children(nodes, frontier, width), strict=True):
+            here = () if i < 0 else prefix[i]
+            base = 0.0 if i < 0 else nodes.scores[i]
+            for rank, (v, t, st) in enumerate(kids[: need[here]]):
+                level.append(nodes.add(t, i, v if i < 0 else base + v, st))
+                prefix.append((*here, rank))
+        frontier = [i for i in level if prefix[i] in need and nodes.scores[i] >= min_logp]
+        if not frontier:
+            break
+    return nodes
+
+
+def build_tree(
+    children: Children,
+    spec: TreeSpec,
+    *,
+    max_depth: int | None = None,
+    dynamic: str = "best_first",
+    width: int | None = None,
+    min_logp: float = -math.inf,
+) -> DraftTree:
+    """The draft tree of ``spec`` from a drafter's ``children``.
+
+    Chains and static trees follow rank paths (:func:`grow_rank_paths`); dynamic trees grow
+    ``dynamic="best_first"`` (:func:`grow_best_first`, ``width`` children per node, default
+    ``spec.topk``; for drafters whose children are cheap) or ``"levels"`` (:func:`grow_levels`,
+    one call per depth; for drafters that pay a forward per call). ``max_depth`` caps
+    ``spec.max_depth``; nodes below ``min_logp`` are not expanded (levels and rank paths).
+    """
+    depth = spec.max_depth if max_depth is None else min(spec.max_depth, max_depth)
+    if spec.kind == "dynamic" and dynamic == "levels":
+        nodes = grow_levels(children, spec.topk, depth, min_logp)
+    elif spec.kind == "dynamic":
+        nodes = grow_best_first(children, spec.budget, depth, width or spec.topk)
+    else:
+        paths = spec.paths if spec.kind == "static" else chain_paths(spec.k)
+        nodes = grow_rank_paths(children, paths, depth, min_logp)
+    return shape_tree(nodes.tree(), spec)
 
 
 def tree_mask(tree: DraftTree) -> Tensor:

@@ -17,7 +17,7 @@ the same module and emits the same names).
 * CUDA (not exercised by the CPU test suite): a class's time is the summed duration of the GPU
   kernels whose launch happened inside its ranges (matched through the Kineto correlation id).
 
-Step cost. :func:`time_verify` times the engine's own verify step (``Engine._step``: tree mask,
+Step cost. :func:`time_verify` times the engine's own verify step (``Engine.step``: tree mask,
 target forward at width N + 1, argmax, greedy verification) on a chain of N nodes at a given
 context length: the median of a few repeats after one warm-up call. The mask pattern does not change
 the dense masked-attention cost, so a chain stands for any shape of N nodes.
@@ -164,7 +164,7 @@ def time_verify(
     times = []
     for i in range(repeats + 1):
         t = time.perf_counter()
-        engine._step(token, cache_len, tree, ())
+        engine.step(token, cache_len, tree)
         if sync is not None:
             sync()
         if i:

@@ -11,15 +11,13 @@ of position ``i + 1``, until the node budget is spent.
 
 from __future__ import annotations
 
-import heapq
-
 import torch
 from torch import Tensor
 
 from specpilot.drafters.base import DraftContext
 from specpilot.drafters.feature_net import FeatureNet
 from specpilot.drafters.head import FeatureDrafter
-from specpilot.tree import DraftTree, TreeSpec, select_paths
+from specpilot.tree import Continuation, DraftTree, GrowingTree, TreeSpec, build_tree
 
 
 def best_first_tree(lp: Tensor, spec: TreeSpec) -> DraftTree:
@@ -40,40 +38,16 @@ def best_first_tree(lp: Tensor, spec: TreeSpec) -> DraftTree:
     k = min(spec.branching, lp.shape[1])
     vals, idx = lp[:depth].float().topk(k, dim=-1)  # (D, k)
     vals_l, idx_l = vals.tolist(), idx.tolist()
-    if spec.kind == "chain":
-        toks = [idx_l[d][0] for d in range(min(depth, spec.k))]
-        sc, acc = [], 0.0
-        for d in range(len(toks)):
-            acc += vals_l[d][0]
-            sc.append(acc)
-        return DraftTree.chain(toks, sc)
-    if spec.kind == "static":
-        toks, parents, scores = [], [], []
-        ranked: dict[tuple[int, ...], int] = {}
-        for path in sorted(spec.paths, key=len):
-            if len(path) > depth or path[-1] >= k or (len(path) > 1 and path[:-1] not in ranked):
-                continue
-            parent = ranked.get(path[:-1], -1)
-            d = len(path) - 1
-            toks.append(idx_l[d][path[-1]])
-            parents.append(parent)
-            scores.append((scores[parent] if parent >= 0 else 0.0) + vals_l[d][path[-1]])
-            ranked[path] = len(toks) - 1
-        cand = DraftTree.from_parents(toks, parents, scores)
-        return select_paths(cand, spec.paths)
-    toks, parents, scores = [], [], []
-    heap = [(-vals_l[0][r], 0, r, -1) for r in range(k)]  # (-score, depth index, rank, parent)
-    heapq.heapify(heap)
-    while heap and len(toks) < spec.budget:
-        neg, d, r, parent = heapq.heappop(heap)
-        toks.append(idx_l[d][r])
-        parents.append(parent)
-        scores.append(-neg)
-        me = len(toks) - 1
-        if d + 1 < depth:
-            for r2 in range(k):
-                heapq.heappush(heap, (neg - vals_l[d + 1][r2], d + 1, r2, me))
-    return DraftTree.from_parents(toks, parents, scores)
+
+    def children(nodes: GrowingTree, frontier: list[int], width: int) -> list[list[Continuation]]:
+        # a node at depth d continues with the best tokens of position d (the root: position 0)
+        out = []
+        for i in frontier:
+            d = 0 if i < 0 else nodes.depths[i]
+            out.append([(vals_l[d][r], idx_l[d][r], None) for r in range(min(width, k))])
+        return out
+
+    return build_tree(children, spec, max_depth=depth, width=k)
 
 
 class BlockDrafter(FeatureDrafter):

@@ -28,10 +28,10 @@ import torch
 from torch import Tensor
 
 from specpilot.drafters.base import DraftContext
-from specpilot.drafters.expand import Nodes, chain_paths, expand_spec, path_widths
+from specpilot.drafters.expand import expand_spec
 from specpilot.errors import ContextLengthError, DrafterError
 from specpilot.model import Transformer, causal_mask
-from specpilot.tree import DraftTree, TreeSpec
+from specpilot.tree import DraftTree, GrowingTree, TreeSpec, chain_paths, path_widths
 
 
 def scratch_slots(spec: TreeSpec) -> int:
@@ -90,7 +90,7 @@ class DraftModelDrafter:
         root = self._feed_committed(tokens)  # (vocab,)
         fed = 0  # draft nodes written to the scratch slots after the committed tokens
 
-        def feed(nodes: Nodes, rows: list[int]) -> Tensor:
+        def feed(nodes: GrowingTree, rows: list[int]) -> Tensor:
             nonlocal fed
             lp = self._feed_nodes(nodes, rows, n, fed)  # (len(rows), vocab_size)
             fed += len(rows)
@@ -130,7 +130,7 @@ class DraftModelDrafter:
         # logits: (R, vocab) -> (R, vocab_size) log-softmax over the ids the target knows
         return torch.log_softmax(logits[:, : self.vocab_size].float(), dim=-1)
 
-    def _feed_nodes(self, nodes: Nodes, rows: list[int], n: int, fed: int) -> Tensor:
+    def _feed_nodes(self, nodes: GrowingTree, rows: list[int], n: int, fed: int) -> Tensor:
         """One forward of draft ``rows`` at scratch slots ``n + fed, ...``; their log-probs."""
         dev = self.model.device
         t = len(rows)
@@ -140,9 +140,9 @@ class DraftModelDrafter:
         mask[0, :, :n] = True
         for r, i in enumerate(rows):
             p = nodes.parents[i]
-            anc = ([] if p < 0 else nodes.anc_slots[p]) + [start + r]
-            assert p < 0 or nodes.anc_slots[p], "a node is fed before its parent"
-            nodes.anc_slots[i] = anc
+            anc = ([] if p < 0 else nodes.states[p]) + [start + r]
+            assert p < 0 or nodes.states[p], "a node is fed before its parent"
+            nodes.states[i] = anc
             mask[0, r, anc] = True
         ids = torch.tensor([[nodes.tokens[i] for i in rows]], dtype=torch.long, device=dev)
         pos = torch.tensor([[n - 1 + nodes.depths[i] for i in rows]], device=dev)  # (1, t)

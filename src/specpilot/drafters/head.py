@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 
 from specpilot.drafters.base import DraftContext
-from specpilot.drafters.expand import Nodes, expand_spec
+from specpilot.drafters.expand import expand_spec
 from specpilot.drafters.feature_net import FeatureNet
 from specpilot.errors import ContextLengthError, DrafterError
-from specpilot.tree import DraftTree, TreeSpec
+from specpilot.tree import DraftTree, GrowingTree, TreeSpec
 
 
 class FeatureDrafter:
@@ -163,7 +163,7 @@ class HeadDrafter(FeatureDrafter):
         outs: dict[int, Tensor] = {}
         fed = [0]
 
-        def feed(nodes: Nodes, rows: list[int]) -> Tensor:
+        def feed(nodes: GrowingTree, rows: list[int]) -> Tensor:
             dev = last.device
             t = len(rows)
             start = m + fed[0]
@@ -172,8 +172,8 @@ class HeadDrafter(FeatureDrafter):
             mask[0, :, :m] = True
             for r, i in enumerate(rows):
                 p = nodes.parents[i]
-                anc = ([] if p < 0 else nodes.anc_slots[p]) + [start + r]
-                nodes.anc_slots[i] = anc
+                anc = ([] if p < 0 else nodes.states[p]) + [start + r]
+                nodes.states[i] = anc
                 mask[0, r, anc] = True
             g = torch.stack(
                 [last if nodes.parents[i] < 0 else outs[nodes.parents[i]] for i in rows]

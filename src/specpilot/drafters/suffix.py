@@ -18,14 +18,20 @@ substrings, not with length x depth. Appending a token costs one step per *pendi
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
 
 from specpilot.drafters.base import DraftContext
 from specpilot.errors import DrafterError
-from specpilot.tree import DraftTree, TreeSpec, shape_tree
+from specpilot.tree import (
+    Children,
+    Continuation,
+    DraftTree,
+    GrowingTree,
+    TreeSpec,
+    build_tree,
+)
 
 
 class _Node:
@@ -190,66 +196,24 @@ def ranked_children(trie: SuffixTrie, pos: Position) -> list[tuple[float, int, P
     return [(math.log(c / total), t, p) for t, c, p in nxt]
 
 
-def expand_best_first(trie: SuffixTrie, pos: Position, budget: int, max_depth: int) -> DraftTree:
-    """Best-first over cumulative log-probability: the ``budget`` most probable nodes below
-    ``pos`` (popped in score order, so every parent precedes its children)."""
-    heap: list[tuple[float, int, int, int, int, Position]] = []
-    seq = 0
+def trie_children(trie: SuffixTrie, root: Position) -> Children:
+    """The children function of :func:`specpilot.tree.build_tree` below position ``root`` of
+    ``trie``: a node's state is its trie position, its continuations the trie's, most frequent
+    first."""
 
-    def push(at: Position, parent: int, base: float, depth: int) -> None:
-        nonlocal seq
-        for lp, tok, child in ranked_children(trie, at)[:budget]:
-            heapq.heappush(heap, (-(base + lp), seq, tok, parent, depth, child))
-            seq += 1
+    def children(nodes: GrowingTree, frontier: list[int], width: int) -> list[list[Continuation]]:
+        return [
+            ranked_children(trie, nodes.states[i] if i >= 0 else root)[:width] for i in frontier
+        ]
 
-    toks: list[int] = []
-    parents: list[int] = []
-    scores: list[float] = []
-    push(pos, -1, 0.0, 1)
-    while heap and len(toks) < budget:
-        neg, _, tok, parent, depth, child = heapq.heappop(heap)
-        toks.append(tok)
-        parents.append(parent)
-        scores.append(-neg)
-        if depth < max_depth:
-            push(child, len(toks) - 1, -neg, depth + 1)
-    return DraftTree.from_parents(toks, parents, scores)
+    return children
 
 
-def expand_paths(
-    trie: SuffixTrie, pos: Position, paths: Sequence[tuple[int, ...]], max_depth: int
-) -> DraftTree:
-    """Every node a rank path names, with the higher-ranked siblings that define its rank."""
-    need: dict[tuple[int, ...], int] = {}
-    for p in paths:
-        for i, r in enumerate(p):
-            need[p[:i]] = max(need.get(p[:i], 0), r + 1)
-    toks: list[int] = []
-    parents: list[int] = []
-    scores: list[float] = []
-    queue: deque[tuple[tuple[int, ...], Position, int, float, int]] = deque([((), pos, -1, 0.0, 0)])
-    while queue:  # breadth first: parents get smaller indices than their children
-        prefix, at, idx, score, depth = queue.popleft()
-        width = need.get(prefix, 0)
-        if not width or depth >= max_depth:
-            continue
-        for rank, (lp, tok, child) in enumerate(ranked_children(trie, at)[:width]):
-            toks.append(tok)
-            parents.append(idx)
-            scores.append(score + lp)
-            queue.append(((*prefix, rank), child, len(toks) - 1, score + lp, depth + 1))
-    return DraftTree.from_parents(toks, parents, scores)
-
-
-def build_tree(trie: SuffixTrie, pos: Position, spec: TreeSpec, max_depth: int) -> DraftTree:
-    """Candidate tree below a matched pattern, cut to ``spec``."""
-    depth = min(spec.max_depth, max_depth)
-    if spec.kind == "dynamic":
-        cand = expand_best_first(trie, pos, spec.budget, depth)
-    else:
-        paths = spec.paths if spec.kind == "static" else [(0,) * i for i in range(1, spec.k + 1)]
-        cand = expand_paths(trie, pos, paths, depth)
-    return shape_tree(cand, spec)
+def suffix_tree(trie: SuffixTrie, pos: Position, spec: TreeSpec, max_depth: int) -> DraftTree:
+    """Candidate tree below a matched pattern ``pos``, cut to ``spec``: dynamic trees take the
+    ``spec.budget`` most probable nodes best-first, chains and static trees their rank paths."""
+    children = trie_children(trie, pos)
+    return build_tree(children, spec, max_depth=max_depth, width=spec.budget)
 
 
 class SuffixDrafter:
@@ -303,7 +267,7 @@ class SuffixDrafter:
         best, best_value = DraftTree.empty(), 0.0
         self.last_match = 0
         for trie, pos in self.matches():
-            tree = build_tree(trie, pos, ctx.spec, self.max_depth)
+            tree = suffix_tree(trie, pos, ctx.spec, self.max_depth)
             value = float(tree.scores.exp().sum())  # expected accepted tokens under the counts
             if value > best_value:
                 best, best_value = tree, value

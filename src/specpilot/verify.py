@@ -1,0 +1,197 @@
+"""The verify step, once: build inputs, forward, accept, commit (single and batched decoding).
+
+A step verifies, for each of B sequences, its root (the last committed token, not yet cached)
+and its draft tree in one target forward, then keeps the accepted path and one more token::
+
+    row 0  [prefix of 7 cached] root a b c       (3 draft nodes)   slots 7..10
+    row 1  [prefix of 4 cached] root x  pad pad  (1 draft node)    slots 4..5, pads -> scratch
+
+1. inputs  - :func:`build_inputs`: tokens, positions (prefix length + depth), cache slots and the
+   attention mask (the prefix, then the tree block of :func:`specpilot.tree.tree_mask`); rows
+   shorter than the widest tree are padded with rows that write to a scratch slot and see only
+   their own prefix and root;
+2. forward - :func:`forward`: one target call over the (B, T) block;
+3. accept  - :func:`accept`: greedy (:func:`specpilot.tree.verify_greedy`) or lossless sampling
+   (:meth:`specpilot.sampling.Sampler.verify`) picks the accepted path and the bonus token;
+4. commit  - :func:`commit`: the accepted nodes' cache entries move onto the committed prefix
+   (:meth:`specpilot.model.Transformer.compact_cache`).
+
+:func:`verify_step` runs the four in order; :class:`specpilot.engine.Engine` calls it with one
+sequence, :class:`specpilot.batch.BatchEngine` with all running ones, and the overhead mechanisms
+of :mod:`specpilot.fastverify` reuse the stages they do not replace. With one sequence the inputs
+are exactly those of plain decoding when the tree is empty (contiguous slots, no mask), so a step
+with an empty tree is one autoregressive step. :func:`prefill` is the prompt's causal forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specpilot.model import ForwardOut, Transformer, causal_mask
+from specpilot.sampling import Sampler
+from specpilot.tree import Acceptance, DraftTree, tree_mask, verify_greedy
+
+
+@dataclass(frozen=True)
+class VerifyRow:
+    """One sequence of a verify step."""
+
+    root: int
+    """The last committed token (verified with the tree; not yet in the cache)."""
+    cache_len: int
+    """Committed tokens already in the cache (the root's position)."""
+    tree: DraftTree
+    sampler: Sampler | None = None
+    """None = greedy."""
+
+
+@dataclass(frozen=True)
+class VerifyInputs:
+    """The target call of one verify step (see :meth:`specpilot.model.Transformer.forward`)."""
+
+    tokens: Tensor
+    """(B, T) long: root, nodes, pads."""
+    positions: Tensor
+    """(B, T) long: prefix length + depth (pads at the root's position)."""
+    slots: int | Tensor
+    """An int (one sequence: contiguous from its cache length) or (B, T) long cache slots."""
+    kv_len: int
+    """Keys [0, kv_len) are read."""
+    mask: Tensor | None
+    """(B, T, kv_len) bool, True = may attend; None = plain decoding of one sequence."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one sequence's step committed."""
+
+    path: tuple[int, ...]
+    """Accepted node indices, root to leaf."""
+    tokens: list[int]
+    """Newly committed tokens: the accepted path's tokens and the bonus token."""
+    logits: Tensor
+    """(n+1, V) verify logits of the root and the tree's nodes."""
+    hidden: tuple[Tensor, ...]
+    """Per tapped layer, (len(path) + 1, dim) states of the rows now committed."""
+
+
+def build_inputs(rows: Sequence[VerifyRow], device: torch.device, scratch: int) -> VerifyInputs:
+    """The (B, T) verify block of ``rows``; pad rows write to cache slot ``scratch``."""
+    b = len(rows)
+    t = 1 + max(r.tree.size for r in rows)
+    kv_len = max(r.cache_len + r.tree.size + 1 for r in rows)
+    toks = torch.zeros(b, t, dtype=torch.long)  # (B, T)
+    pos = torch.zeros(b, t, dtype=torch.long)  # (B, T)
+    where = torch.full((b, t), scratch, dtype=torch.long)  # (B, T)
+    mask = torch.zeros(b, t, kv_len, dtype=torch.bool)  # (B, T, kv_len)
+    for i, r in enumerate(rows):
+        c, n = r.cache_len, r.tree.size
+        toks[i, 0] = r.root
+        toks[i, 1 : n + 1] = r.tree.tokens
+        pos[i, : n + 1] = c + torch.cat([torch.zeros(1, dtype=torch.long), r.tree.depths])
+        pos[i, n + 1 :] = c
+        where[i, : n + 1] = torch.arange(c, c + n + 1)
+        mask[i, :, :c] = True
+        mask[i, : n + 1, c : c + n + 1] = tree_mask(r.tree)
+        mask[i, n + 1 :, c] = True  # pads see the prefix and the root
+    slots: int | Tensor = where.to(device)
+    out_mask: Tensor | None = mask.to(device)
+    if b == 1:  # one sequence: no pads, contiguous slots; an empty tree is plain decoding
+        slots = rows[0].cache_len
+        out_mask = None if rows[0].tree.size == 0 else out_mask
+    return VerifyInputs(toks.to(device), pos.to(device), slots, kv_len, out_mask)
+
+
+def forward(
+    model: Transformer,
+    inputs: VerifyInputs,
+    taps: tuple[int, ...] = (),
+    cache_rows: slice | None = None,
+) -> ForwardOut:
+    """The target forward of a verify step (logits for every row)."""
+    return model(
+        inputs.tokens,
+        inputs.positions,
+        inputs.slots,
+        inputs.kv_len,
+        inputs.mask,
+        hidden_layers=taps,
+        cache_rows=cache_rows,
+    )
+
+
+def accept(tree: DraftTree, logits: Tensor, sampler: Sampler | None = None) -> Acceptance:
+    """Accepted path and new tokens of ``tree`` from its verify logits (n+1, V)."""
+    if sampler is None or sampler.greedy:
+        return verify_greedy(tree, logits.argmax(-1).tolist())
+    return sampler.verify(tree, logits)
+
+
+def commit(model: Transformer, cache_len: int, path: Sequence[int], row: int | None = None) -> None:
+    """Move the accepted nodes' K/V (slots ``cache_len + 1 + i``) onto the committed prefix
+    (``cache_len + 1, ...``) in cache row ``row`` (None = every row); no-op when already there."""
+    if not path or list(path) == list(range(len(path))):
+        return
+    src = torch.tensor([cache_len + 1 + i for i in path], device=model.device)
+    model.compact_cache(src, cache_len + 1, row)
+
+
+def committed_rows(path: Sequence[int]) -> list[int]:
+    """Verify rows committed by an accepted ``path``: the root's and the path nodes'."""
+    return [0, *(i + 1 for i in path)]
+
+
+def verify_step(
+    model: Transformer,
+    rows: Sequence[VerifyRow],
+    taps: tuple[int, ...] = (),
+    cache_rows: slice | None = None,
+    scratch: int | None = None,
+) -> list[StepOutcome]:
+    """Verify every row's tree in one forward, accept, and commit each row's path.
+
+    Row i of ``rows`` uses cache row i (of ``cache_rows``); ``scratch`` is the cache slot pad
+    rows write to (default: the last slot of the cache).
+    """
+    assert rows, "a verify step needs at least one sequence"
+    scratch = model.max_len - 1 if scratch is None else scratch
+    out = forward(model, build_inputs(rows, model.device, scratch), taps, cache_rows)
+    assert out.logits is not None
+    outcomes = []
+    for i, r in enumerate(rows):
+        logits = out.logits[i, : r.tree.size + 1]  # (n+1, V)
+        acc = accept(r.tree, logits, r.sampler)
+        commit(model, r.cache_len, acc.path, _cache_row(cache_rows, i, len(rows)))
+        keep = committed_rows(acc.path)
+        hidden = tuple(h[i, keep] for h in out.hidden)
+        outcomes.append(StepOutcome(acc.path, list(acc.tokens), logits, hidden))
+    return outcomes
+
+
+def _cache_row(cache_rows: slice | None, i: int, b: int) -> int | None:
+    """The cache row of verify row ``i`` (None: one sequence on the whole cache)."""
+    if cache_rows is None:
+        return None if b == 1 else i
+    return (cache_rows.start or 0) + i
+
+
+def prefill(
+    model: Transformer, prompt: Sequence[int], taps: tuple[int, ...] = (), row: int | None = None
+) -> ForwardOut:
+    """Causal forward of ``prompt`` into cache row ``row`` (None = the whole cache); logits of
+    the last row only, hidden states of every row."""
+    p, dev = len(prompt), model.device
+    return model(
+        torch.tensor([list(prompt)], device=dev),
+        torch.arange(p, device=dev)[None],
+        0,
+        p,
+        causal_mask(0, p, p, dev),
+        logits_rows=slice(p - 1, p),
+        hidden_layers=taps,
+        cache_rows=None if row is None else slice(row, row + 1),
+    )
