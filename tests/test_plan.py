@@ -38,7 +38,10 @@ def test_round_trip(tmp_path: Path) -> None:
         ({"version": 9}, "plan version"),
         ({"tree": {"kind": "chain", "k": 0}}, "k must be a positive"),
         ({"tree": {"width": 3}}, "unknown key"),
-        ({"engine": {"dtype": "int4"}}, "--dtype"),
+        ({"engine": {"dtype": "int4"}}, "engine: 'dtype' must be one of"),  # the field, no flag
+        ({"engine": {"threads": -4}}, "engine: 'threads' must be positive"),
+        ({"tree": {"kind": "chain", "k": "five"}}, "'k' must be an integer, got 'five'"),
+        ({"tree": {"kind": "static", "paths": "0;1"}}, "'paths' must be a list"),
         ({"mechanisms": [{"params": {}}]}, "string 'id'"),
         ({"drafter": ""}, "non-empty"),
     ],

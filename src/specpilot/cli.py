@@ -355,6 +355,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from specpilot.engine import GenerationConfig
     from specpilot.tokenizer import StreamDecoder
 
+    if any(not s for s in args.stop):
+        raise ConfigError("--stop needs a non-empty string (an empty one would stop at once)")
     loaded, engine, candidates, _ = _setup(args)
     cand = candidates[0] if candidates else None
     tok = loaded.tokenizer
@@ -527,8 +529,9 @@ def progress_bar(console: Any) -> Any:
 
 
 def _check_writable(path: Path) -> None:
-    if not path.parent.exists():
-        raise ConfigError(f"--json: directory {path.parent} does not exist")
+    from specpilot.outpaths import check_output_path
+
+    check_output_path(path, "--json")
 
 
 def _render_bench(console: Any, res: Any) -> None:

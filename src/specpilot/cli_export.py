@@ -34,10 +34,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from specpilot.plan import load_plan
-    from specpilot.runtime import plan_options
+    from specpilot.runtime import check_plan_drafter, plan_options
 
     plan = load_plan(args.plan)
     plan_options(plan)  # unknown mechanisms / bad options are errors here too
+    check_plan_drafter(plan.drafter)  # as bench would reject it
     out = export_plan(plan, args.to, draft_model=args.draft_model)
     if args.json:
         sys.stdout.write(json.dumps(out.to_json(), indent=2) + "\n")

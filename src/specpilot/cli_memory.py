@@ -39,32 +39,67 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.memory).expanduser()
     if args.action != "import" and not path.exists():
         raise ConfigError(f"--memory {path}: no memory database there yet (run optimize first)")
-    mem = Memory(path)
+    if args.action == "show" and not args.target:
+        raise ConfigError("memory show needs an effect id or a mechanism id")
+    doc = _read_import(args.target) if args.action == "import" else None
+    if args.action == "export" and args.target:
+        from specpilot.outpaths import check_output_path
+
+        check_output_path(args.target, "memory export")
+    created = not path.exists()
+    try:
+        mem = Memory(path)
+    except BaseException:
+        if created:
+            _remove_db(path)
+        raise
     try:
         if args.action == "list":
             _list(mem, args.limit)
         elif args.action == "show":
-            if not args.target:
-                raise ConfigError("memory show needs an effect id or a mechanism id")
             print(json.dumps(mem.show(args.target), indent=2, default=str))
         elif args.action == "export":
-            doc = json.dumps(mem.export(), indent=2, sort_keys=True) + "\n"
+            text = json.dumps(mem.export(), indent=2, sort_keys=True) + "\n"
             if args.target:
-                Path(args.target).write_text(doc)
+                Path(args.target).write_text(text)
             else:
-                sys.stdout.write(doc)
+                sys.stdout.write(text)
         else:
-            if not args.target:
-                raise ConfigError("memory import needs a JSON file (from memory export)")
-            try:
-                doc = json.loads(Path(args.target).read_text())
-            except (OSError, json.JSONDecodeError) as e:
-                raise ConfigError(f"memory import: cannot read {args.target}: {e}") from None
             added = mem.import_json(doc)
             print("imported: " + ", ".join(f"{v} {k}" for k, v in added.items()))
-    finally:
+    except BaseException:
         mem.close()
+        if created:  # a failed import leaves no empty database behind
+            _remove_db(path)
+        raise
+    mem.close()
     return 0
+
+
+def _read_import(target: str | None) -> Any:
+    """The JSON document of ``memory import FILE``, read before the database is opened."""
+    if not target:
+        raise ConfigError("memory import needs a JSON file (from memory export)")
+    try:
+        doc = json.loads(Path(target).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"memory import: {target} is not a text file (not UTF-8); give a JSON file written "
+            "by specpilot memory export"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"memory import: cannot read {target}: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != "specpilot-memory":
+        raise ConfigError(
+            f"memory import: {target} is not a specpilot memory export (format mismatch)"
+        )
+    return doc
+
+
+def _remove_db(path: Path) -> None:
+    """Remove a database this command created (and SQLite's side files)."""
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        p.unlink(missing_ok=True)
 
 
 def _list(mem: Any, limit: int) -> None:

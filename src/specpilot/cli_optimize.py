@@ -88,12 +88,17 @@ def _config(args: argparse.Namespace) -> Any:
 
     if args.limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    if args.memory_limit_gb < 0:
+        raise ConfigError(f"--memory-limit-gb must be >= 0 (0 = none), got {args.memory_limit_gb}")
     workers = args.workers
     if workers is None:
         import torch
 
         workers = torch.cuda.device_count() if args.device.startswith("cuda") else 1
     out = args.resume or args.out or f"runs/optimize-{time.strftime('%Y%m%d-%H%M%S')}"
+    from specpilot.outpaths import check_output_path
+
+    check_output_path(out, "--resume" if args.resume else "--out", kind="dir", overwrite=None)
     memory = args.memory or DEFAULT_MEMORY
     if args.resume and args.memory is None:
         from specpilot.pilot.journal import Journal, replay

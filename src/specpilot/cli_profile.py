@@ -82,9 +82,11 @@ def run(args: argparse.Namespace) -> int:
         alpha=args.alpha,
         beta=args.beta,
     )
+    from specpilot.outpaths import check_output_path
+
     for flag, path in (("--json", args.json), ("--html", args.html)):
-        if path and not Path(path).parent.exists():
-            raise ConfigError(f"{flag}: directory {Path(path).parent} does not exist")
+        if path:
+            check_output_path(path, flag)
     workload = None if args.prompts else (args.workload or "humaneval")
     prompts = load_workload(workload, prompts_file=args.prompts, limit=args.limit)
     loaded, engine, candidates, _ = _setup(args)

@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_batch < 1:
+        raise ConfigError(f"--max-batch must be >= 1, got {args.max_batch}")
     table = parse_budget_table(args.budget_table) if args.budget_table else None
     bcfg = BatchConfig(
         max_batch=args.max_batch,

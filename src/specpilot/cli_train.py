@@ -159,7 +159,10 @@ def run(args: argparse.Namespace) -> int:
         f"{res.eval_final.get('prompts', 0)} prompts x {cfg.eval_tokens} tokens)"
     )
     if res.moved_aside is not None:
-        console.print(f"the earlier content of --out {args.out} was moved to {res.moved_aside}")
+        console.print(
+            f"the earlier content of --out {args.out} was moved to {res.moved_aside}",
+            soft_wrap=True,
+        )
     return 0
 
 

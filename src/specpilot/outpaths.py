@@ -21,8 +21,7 @@ from specpilot.errors import ConfigError
 
 
 def _nearest_existing(p: Path) -> Path:
-    """The deepest existing ancestor of ``p`` (``p`` itself excluded); ConfigError when one on
-    the way is not a directory."""
+    """The deepest existing ancestor of ``p`` (``p`` itself excluded)."""
     for a in p.parents:
         if a.exists() or a.is_symlink():
             return a
@@ -46,7 +45,7 @@ def check_output_path(
     flag: str,
     *,
     kind: str = "file",
-    overwrite: bool = True,
+    overwrite: bool | None = True,
     reusable: Callable[[Path], bool] | None = None,
     what: str = "",
 ) -> Path:
@@ -57,7 +56,7 @@ def check_output_path(
     directories are created later; an existing file or an existing directory for which
     ``reusable`` is not True (``what`` names what it should be) is an error unless
     ``overwrite``, in which case the caller moves it aside (:func:`move_aside`) after its new
-    output is complete.
+    output is complete. ``overwrite`` None: refused, and the command has no ``--overwrite``.
     """
     if kind not in ("file", "dir"):
         raise ValueError(f"kind must be file or dir, got {kind!r}")
@@ -82,7 +81,7 @@ def _check_existing(
     flag: str,
     path: str | Path,
     kind: str,
-    overwrite: bool,
+    overwrite: bool | None,
     reusable: Callable[[Path], bool] | None,
     what: str,
 ) -> None:
@@ -90,17 +89,21 @@ def _check_existing(
         if p.is_dir():
             raise ConfigError(f"{flag} {path} is a directory; give a file name (e.g. {p}/out.json)")
         if not overwrite:
-            raise ConfigError(f"{flag} {path} exists; pass --overwrite or choose another path")
+            hint = "" if overwrite is None else " or pass --overwrite"
+            raise ConfigError(f"{flag} {path} exists; choose another path{hint}")
         return
     if p.is_dir() and (reusable is None or reusable(p)):
         return
     if overwrite:
         return
     is_what = "is a file" if not p.is_dir() else f"exists and is not {what or 'ours'}"
-    raise ConfigError(
-        f"{flag} {path} {is_what}; choose another path, or pass --overwrite (the old one is then "
-        "moved aside, not deleted, once the new one is complete)"
+    hint = (
+        ""
+        if overwrite is None
+        else ", or pass --overwrite (the old one is then moved aside, not deleted, once the new "
+        "one is complete)"
     )
+    raise ConfigError(f"{flag} {path} {is_what}; choose another path{hint}")
 
 
 def move_aside(path: Path) -> Path:

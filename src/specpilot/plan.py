@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -80,7 +81,12 @@ class Plan:
             raise ConfigError(f"{where}: 'drafter' must be a non-empty string")
         tree = dict(_obj(d.get("tree", {}), f"{where}: tree"))
         if "paths" in tree:
-            tree["paths"] = tuple(tuple(int(r) for r in p) for p in tree["paths"])
+            try:
+                tree["paths"] = tuple(tuple(int(r) for r in p) for p in tree["paths"])
+            except (TypeError, ValueError):
+                raise ConfigError(
+                    f"{where}: tree: 'paths' must be a list of lists of integer ranks"
+                ) from None
         engine = _obj(d.get("engine", {}), f"{where}: engine")
         mechs = d.get("mechanisms", [])
         if not isinstance(mechs, list):
@@ -122,10 +128,35 @@ def _dataclass(cls: type, d: dict[str, Any], where: str) -> Any:
     extra = sorted(set(d) - names)
     if extra:
         raise ConfigError(f"{where}: unknown key(s) {extra}; known: {sorted(names)}")
+    for f in fields(cls):  # JSON types first: a string where a number goes is a clear error
+        want = _SCALARS.get(str(f.type))
+        v = d.get(f.name)
+        if want is not None and f.name in d and v is not None and not _is(v, want[0]):
+            raise ConfigError(f"{where}: {f.name!r} must be {want[1]}, got {v!r}")
     try:
         return cls(**d)
     except TypeError as e:
         raise ConfigError(f"{where}: {e}") from None
+    except ConfigError as e:  # "--threads must ..." from the dataclass: name the plan's field
+        msg = re.sub(r"--([a-z][a-z-]*)", lambda m: repr(m.group(1).replace("-", "_")), str(e))
+        raise ConfigError(f"{where}: {msg}") from None
+
+
+_SCALARS = {
+    "int": (int, "an integer"),
+    "int | None": (int, "an integer or null"),
+    "float": (float, "a number"),
+    "float | None": (float, "a number or null"),
+    "bool": (bool, "true or false"),
+    "str": (str, "a string"),
+}
+"""Annotation -> (JSON type, its name) of the plan's scalar dataclass fields."""
+
+
+def _is(v: Any, want: type) -> bool:
+    if want is bool or isinstance(v, bool):
+        return want is bool and isinstance(v, bool)
+    return isinstance(v, (int, float)) if want is float else isinstance(v, want)
 
 
 def _plain(v: Any) -> Any:

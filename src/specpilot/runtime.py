@@ -280,17 +280,24 @@ def _drafter_factory(
     return make
 
 
-def base_drafter(
-    name: str, options: Mapping[str, Any], loaded: Any, draft: Any = None
-) -> Drafter | None:
-    """A registered drafter (:data:`specpilot.drafters.DRAFTERS`, "head" included) or a trained
-    drafter directory, built for ``loaded`` by :func:`specpilot.drafters.make_drafter`."""
-    from specpilot.drafters import DRAFTERS, make_drafter
+def check_plan_drafter(name: str) -> None:
+    """ConfigError unless ``name`` is a registered drafter or a (DIR[+suffix]) directory."""
+    from specpilot.drafters import DRAFTERS
 
     if name not in DRAFTERS and not Path(name.removesuffix("+suffix")).expanduser().is_dir():
         raise ConfigError(
             f"plan drafter {name!r} is neither one of {', '.join(DRAFTERS)} nor a drafter directory"
         )
+
+
+def base_drafter(
+    name: str, options: Mapping[str, Any], loaded: Any, draft: Any = None
+) -> Drafter | None:
+    """A registered drafter (:data:`specpilot.drafters.DRAFTERS`, "head" included) or a trained
+    drafter directory, built for ``loaded`` by :func:`specpilot.drafters.make_drafter`."""
+    from specpilot.drafters import make_drafter
+
+    check_plan_drafter(name)
     return make_drafter(
         name, target=loaded, tokenizer=loaded.tokenizer, draft=draft, **dict(options)
     )

@@ -331,6 +331,37 @@ class GGUFContents:
     tokenizer: Tokenizer
 
 
+def _parse_failure(path: Path, err: Exception) -> str:
+    """The error for a GGUF file GGUFReader cannot map: the first tensor whose data runs past the
+    end of the file, when the tensor table is readable (numpy's own message says nothing)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    size = path.stat().st_size if path.exists() else 0
+    found: list[tuple[str, int]] = []
+
+    class _TableOnly(GGUFReader):
+        def _build_tensors(self, start: int, fields: list[Any]) -> None:
+            for f in fields:
+                name, dims, kind, off = f.parts[1], f.parts[3], f.parts[4][0], f.parts[5][0]
+                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(kind))]
+                end = int(start + off) + int(np.prod(dims)) * type_size // block
+                found.append((bytes(name).decode("utf-8", "replace"), end))
+
+    try:
+        _TableOnly(path, "r")
+    except Exception:  # the header or the tensor table itself is cut or garbage
+        if "magic" in str(err).lower() or "version" in str(err).lower():
+            return f"{path} is not a GGUF file this reader supports: {err}"
+        return f"GGUF file {path} is truncated or corrupt: its header cannot be read ({size} bytes)"
+    for name, end in found:
+        if end > size:
+            return (
+                f"GGUF file {path} is truncated or corrupt: tensor {name} needs bytes up to "
+                f"{end}, the file has {size}; download or convert the model again"
+            )
+    return f"corrupt or unreadable GGUF file {path}: {err}"
+
+
 def read_gguf(path: Path) -> GGUFContents:
     """Parse, dequantize and convert a GGUF file. ModelLoadError names the file on any defect."""
     try:
@@ -338,7 +369,7 @@ def read_gguf(path: Path) -> GGUFContents:
         meta = read_metadata(reader)
         tensors = list(reader.tensors)
     except _PARSE_ERRORS as e:
-        raise ModelLoadError(f"corrupt or unreadable GGUF file {path}: {e}") from None
+        raise ModelLoadError(_parse_failure(path, e)) from None
     shapes = {t.name: tuple(int(s) for s in reversed(t.shape.tolist())) for t in tensors}
     cfg = config_from_gguf(meta, shapes, path)
     tokenizer = tokenizer_from_gguf(meta, path)
@@ -356,6 +387,11 @@ def read_gguf(path: Path) -> GGUFContents:
             raise ModelLoadError(
                 f"corrupt GGUF file {path}: cannot dequantize {t.name} ({t.tensor_type.name}): {e}"
             ) from None
+        if w.size != int(np.prod(shapes[t.name])):  # the data ends before the header says
+            raise ModelLoadError(
+                f"GGUF file {path} is truncated or corrupt: tensor {t.name} has {w.size} values, "
+                f"its header says {shapes[t.name]}; download or convert the model again"
+            )
         w = w.reshape(shapes[t.name])
         if permute and ".attn_q." in t.name:
             w = unpermute_qk(w, cfg.n_heads)
