@@ -43,4 +43,6 @@ def config(out: Path, model: Path, memory: Path, **kw: Any) -> OptimizeConfig:
         limits=TrialLimits(threads=1, request_timeout_s=4.0, memory_bytes=4 << 30),
         modules=("tests.agent_mechs",), registry=False, python_path=(REPO,),
     )  # fmt: skip
+    if isinstance(kw.get("agent"), AgentConfig):
+        kw["agent"] = kw["agent"].to_json()
     return OptimizeConfig(**{**base, **kw})

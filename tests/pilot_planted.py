@@ -247,3 +247,31 @@ class CrashKernel(Segfault):
 
 
 LOOP_MECHANISMS = (SlowKernel(), CrashKernel())
+
+
+class Sluggish(Planted):
+    """A kernel-factor mechanism whose requests (not the setup warm-up) take 2 s each: a trial of
+    it stays in flight long enough to be interrupted."""
+
+    id = "sluggish"
+    factor = "kernel"
+
+    def wrap_decode(self, decode: Decode, params: Mapping[str, Any]) -> Decode:
+        def run(ids: list[int], gen: Any) -> Any:
+            if not _warmup(gen):
+                time.sleep(2.0)
+            return decode(ids, gen)
+
+        return run
+
+
+class Impossible(Planted):
+    """A kernel-factor switch that the scripted executor of the ceiling tests reports as far
+    faster than the cost model allows (it never runs in a child there)."""
+
+    id = "impossible"
+    factor = "kernel"
+
+
+SLOW_MECHANISMS = (Sluggish(),)
+CEILING_MECHANISMS = (Impossible(),)

@@ -30,7 +30,8 @@ def test_flags_build_the_agent_config(monkeypatch: pytest.MonkeyPatch) -> None:
     flags = ["--agent", "openai", "--agent-base-url", URL, "--agent-model", "m",
              "--agent-api-key-env", "MY_KEY", "--set", 'agent={"candidates": 2}']  # fmt: skip
     cfg = _config(_args(*flags))
-    assert cfg.agent == AgentConfig(base_url=URL, model="m", api_key_env="MY_KEY", candidates=2)
+    want = AgentConfig(base_url=URL, model="m", api_key_env="MY_KEY", candidates=2)
+    assert AgentConfig.from_json(cfg.agent) == want
     blob = json.dumps(cfg.to_json())
     assert "MY_KEY" in blob and "sk-very-secret" not in blob
     assert OptimizeConfig.from_json(cfg.to_json()).agent == cfg.agent  # --resume reads it back

@@ -16,12 +16,14 @@ import pytest
 
 from specpilot.agent import client as cl
 from specpilot.agent.explorer import AgentExplorer
-from specpilot.agent.sandbox import SandboxSpec
 from specpilot.agent.store import write_source
 from specpilot.mechanisms import all_mechanisms
 from specpilot.mechanisms.base import Context
 from specpilot.pilot.config import OptimizeConfig
+from specpilot.pilot.explorer import RoundAsk
 from specpilot.pilot.memory import Memory
+from specpilot.pilot.records import Item
+from specpilot.pilot.sandbox import SandboxSpec
 from specpilot.plan import Plan
 
 from . import agent_sources as src
@@ -82,6 +84,11 @@ def test_the_key_is_masked_in_reasons() -> None:
     assert KEY not in e.value.reason and "***" in e.value.reason
 
 
+def _propose(ex: AgentExplorer, order: tuple[str, ...]) -> tuple[list[Item], list[Any]]:
+    got = ex.propose(RoundAsk(0, PLAN, FACTORS, {}, order, 1, 4))
+    return got.items, got.log or []
+
+
 @pytest.fixture
 def explorer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     def make(url: str, **kw: Any) -> AgentExplorer:
@@ -89,7 +96,7 @@ def explorer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         workers = kw.pop("workers", 1)
         acfg = agent_config(url, **{"retries": 1, **kw})
         cfg = OptimizeConfig(out=str(tmp_path / "run"), memory=str(tmp_path / "m.sqlite"),
-                             agent=acfg, workers=workers)  # fmt: skip
+                             agent=acfg.to_json(), workers=workers)  # fmt: skip
         mem = Memory(cfg.memory)
         mechs = {m.id: m for m in all_mechanisms()}
         log: list[dict[str, Any]] = []
@@ -112,14 +119,13 @@ def test_parameter_proposals_are_checked_against_the_space(explorer: Any) -> Non
     ]
     with serve(replies) as ep:
         ex = explorer(ep.url, requests_per_round=4)
-        items, log = ex.propose(0, PLAN, FACTORS, {}, ["tau", "kernel", "overhead"], set())
+        items, log = _propose(ex, ("tau", "kernel", "overhead"))
     assert [(e["stage"], e["status"]) for e in log] == [("params", "rejected")] * 3 + [
         ("accepted", "accepted")
     ]
     assert "unknown mechanism 'warp_drive'" in log[0]["reason"]
     assert "outside" in log[1]["reason"] and "does not change the plan" in log[2]["reason"]
-    assert items == [{"mechanism": "chain_length", "params": {"k": 7}, "source": "agent",
-                      "direction": "tau", "agent": 0}]  # fmt: skip
+    assert items == [Item("chain_length", {"k": 7}, "agent", "tau", agent=0)]
     last = ep.requests[-1]["body"]["messages"][1]["content"]
     assert "unknown mechanism 'warp_drive'" in last  # its failures are shown to it
 
@@ -137,7 +143,7 @@ def test_two_agents_explore_two_directions_at_once(explorer: Any) -> None:
             return real(msgs)
 
         ex.client.complete = timed
-        items, log = ex.propose(0, PLAN, FACTORS, {}, ["tau", "kernel", "overhead"], set())
+        items, log = _propose(ex, ("tau", "kernel", "overhead"))
     assert items == [] and {e["direction"] for e in log} == {"tau", "kernel"}
     assert [e["agent"] for e in sorted(log, key=lambda e: e["agent"])] == [0, 1]
     assert max(started) - min(started) < 0.4  # both requests were in flight together
@@ -151,7 +157,7 @@ def test_endpoint_down_leaves_the_round_to_the_builtin_explorer(explorer: Any) -
     port = sock.getsockname()[1]
     sock.close()
     ex = explorer(f"http://127.0.0.1:{port}/v1", requests_per_round=3)
-    items, log = ex.propose(0, PLAN, FACTORS, {}, ["tau"], set())
+    items, log = _propose(ex, ("tau",))
     assert items == []
     (entry,) = log  # one request, retried, then the agent sits the round out
     assert (entry["stage"], entry["status"], entry["attempts"]) == ("endpoint", "unreachable", 2)
@@ -191,7 +197,7 @@ def test_serve_replies_go_through_the_openai_client_and_are_rejected(
 ) -> None:
     ex = explorer(served, model="tiny-agent", max_tokens=24, max_prompt_chars=300,
                   requests_per_round=2, temperature=0.0)  # fmt: skip
-    items, log = ex.propose(0, PLAN, FACTORS, {}, ["tau"], set())
+    items, log = _propose(ex, ("tau",))
     assert items == [] and len(log) == 2
     for e in log:  # a real completion came back; it holds no proposal
         assert e["attempts"] == 1 and (e["stage"], e["status"]) in (

@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from specpilot.agent.sandbox import probe
+from specpilot.agent.explorer import agent_explorer
 from specpilot.agent.store import sha256
 from specpilot.pilot.coordinator import Coordinator
 from specpilot.pilot.memory import Memory
+from specpilot.pilot.sandbox import probe
 
 from . import agent_sources as src
 from .agent_endpoint import Status, serve
@@ -66,7 +67,7 @@ def run_a(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
             acfg = agent_config(ep.url, requests_per_round=14, candidates=3, agents=1)
             cfg = config(root / "run", model, root / "memory.sqlite", agent=acfg,
                          candidates_per_round=3, workers=2)  # fmt: skip
-            summary = Coordinator(cfg).run()
+            summary = Coordinator(cfg, explorer_factory=agent_explorer).run()
     finally:
         mp.undo()
     return {"root": root, "out": root / "run", "summary": summary, "endpoint": ep}
@@ -99,7 +100,7 @@ def test_runtime_misbehaviour_is_caught_and_the_good_one_kept(run_a: dict[str, A
     assert good["status"] == "PASS" and good["speedup"] > 1.05, good
     (rnd,) = [json.loads(x) for x in (run_a["out"] / "rounds.jsonl").read_text().splitlines()]
     assert [k["mechanism"] for k in rnd["kept"]] == ["agent_unslow"]
-    assert rnd["sandbox"] == run_a["summary"]["sandbox"] != ""
+    assert rnd["sandbox"] == run_a["summary"].sandbox != ""
     assert any(e["stage"] == "stored" for e in rnd["agent"])
     html = (run_a["out"] / "report.html").read_text()
     assert f"<b>{rnd['sandbox']}</b>" in html and "forbidden name" in html
@@ -114,7 +115,7 @@ def test_agent_source_stored_with_provenance_and_key_never_written(run_a: dict[s
     assert stored["sha256"] == sha256(src.GOOD.strip() + "\n")
     assert stored["mechanism_ids"] == ["agent_unslow"]
     assert stored["model"] == "scripted-model" and stored["endpoint"] == run_a["endpoint"].url
-    assert stored["run_id"] == run_a["summary"]["run_id"] and stored["round"] == 0
+    assert stored["run_id"] == run_a["summary"].run_id and stored["round"] == 0
     ep = run_a["endpoint"]
     assert all(r["headers"].get("authorization") == f"Bearer {KEY}" for r in ep.requests)
     for f in [*run_a["root"].rglob("*")]:
@@ -136,7 +137,7 @@ def test_stored_mechanism_reapplied_without_the_llm(
     assert mem.import_json(doc)["agent_sources"] == 1
     mem.close()
     cfg = config(tmp_path / "run", model, tmp_path / "other-machine.sqlite")
-    summary = Coordinator(cfg).run()
+    summary = Coordinator(cfg, explorer_factory=agent_explorer).run()
     (reuse,) = _records(tmp_path / "run", "agent_reuse")
     assert [e["status"] for e in reuse["agent"]] == ["reused"]
     # through the memory: the recall trial (stacked remembered winners) or a memory candidate
@@ -144,10 +145,10 @@ def test_stored_mechanism_reapplied_without_the_llm(
               if ["agent_unslow", {}] in t["steps"]]  # fmt: skip
     assert trials and all(t["result"]["status"] == "PASS" for t in trials)
     assert trials[0]["result"]["forcing"]["n_prompts"] >= 2  # token-forced again
-    assert ["agent_unslow" in k["mechanism"] for k in summary["kept"]] == [True]
+    assert ["agent_unslow" in k.mechanism for k in summary.kept] == [True]
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
     assert "agent_unslow" in [m["id"] for m in plan["mechanisms"]]
-    assert summary["sandbox"]
+    assert summary.sandbox
     _no_agent_module_imported()
 
 
@@ -172,7 +173,7 @@ def test_only_the_runtime_sandbox_stops_these(model: Path, tmp_path: Path) -> No
                                 unsafe_skip_static_check=True)  # fmt: skip
             cfg = config(out, model, tmp_path / "memory.sqlite", agent=acfg,
                          candidates_per_round=len(bad) - len(src.AT_IMPORT), workers=2)  # fmt: skip
-            summary = Coordinator(cfg).run()
+            summary = Coordinator(cfg, explorer_factory=agent_explorer).run()
     finally:
         mp.undo()
     (cands,) = _records(out, "candidates")
@@ -190,12 +191,12 @@ def test_only_the_runtime_sandbox_stops_these(model: Path, tmp_path: Path) -> No
             res = trials[("explore", e["mechanism"])]
             assert res["status"] == "CRASH" and "PermissionError" in res["reason"], res
             reasons[name] = res["reason"]
-    assert len(trials) == len(bad) - len(src.AT_IMPORT) and summary["kept"] == []
+    assert len(trials) == len(bad) - len(src.AT_IMPORT) and summary.kept == []
     assert not outside.exists()
     with pytest.raises(TimeoutError):
         listener.accept()
     listener.close()
     if STRONG:  # stopped by Landlock itself: no audit event fires for libc calls or /proc
-        assert summary["sandbox"] == "landlock+netns+audit"
+        assert summary.sandbox == "landlock+netns+audit"
         for name in ("raw_write", "parent_env"):
             assert "[Errno 13] Permission denied" in reasons[name], reasons[name]

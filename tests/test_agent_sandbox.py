@@ -14,8 +14,8 @@ from time import monotonic
 
 import pytest
 
-from specpilot.agent.sandbox import LAYERS, SandboxSpec, probe, read_paths
 from specpilot.pilot.proc import ChildProcess
+from specpilot.pilot.sandbox import LAYERS, SandboxSpec, probe, read_paths
 
 from .pilot_helpers import REPO
 
@@ -24,7 +24,7 @@ needs_strong = pytest.mark.skipif(not STRONG, reason="no Landlock / user namespa
 
 PROGRAM = """
 import ctypes, json, os, socket, subprocess, sys
-from specpilot.agent.sandbox import SandboxSpec, apply
+from specpilot.pilot.sandbox import SandboxSpec, apply
 spec = SandboxSpec.from_arg(sys.argv[1])
 apply(spec, os.getcwd())
 libc = ctypes.CDLL(None, use_errno=True)

@@ -81,11 +81,12 @@ def test_search_memory_defaults_then_optuna() -> None:
 def test_journal_ignores_a_torn_last_line(tmp_path: Path) -> None:
     j = Journal(tmp_path)
     j.append({"type": "run", "run_id": "x", "config": {}, "start_plan": {"drafter": "suffix"}})
-    j.append({"type": "trial", "round": 0, "kind": "explore", "key": "x/r0/a", "result": {}})
+    res = {"key": "x/r0/a", "status": "PASS"}
+    j.append({"type": "trial", "round": 0, "kind": "explore", "key": "x/r0/a", "result": res})
     with open(j.path, "a") as f:
         f.write('{"type": "trial", "round": 0, "key": "x/r0/b", "res')
     st = replay(j)
-    assert [t["key"] for t in st.trials] == ["x/r0/a"] and st.round == 0
+    assert [t.key for t in st.trials] == ["x/r0/a"] and st.round == 0
 
 
 @pytest.mark.slow

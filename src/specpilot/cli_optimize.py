@@ -10,9 +10,13 @@ or killed; no finished trial is run twice.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -105,7 +109,7 @@ def _config(args: argparse.Namespace) -> Any:
 
         journal = Journal(Path(args.resume).expanduser())
         if journal.exists():
-            memory = replay(journal).run["config"].get("memory", memory)
+            memory = replay(journal).run.config.get("memory", memory)
     texts: list[tuple[str, str, bool]] = []
     if not args.resume:
         if args.prompts:
@@ -146,7 +150,8 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _agent(args: argparse.Namespace, extra: Any) -> Any:
-    """The AgentConfig of ``--agent ...`` (``--set agent={...}`` adds fields); None without."""
+    """The AgentConfig JSON of ``--agent ...`` (``--set agent={...}`` adds fields), validated
+    here; None without."""
     from specpilot.agent.config import AgentConfig
 
     if args.agent is None:
@@ -157,7 +162,7 @@ def _agent(args: argparse.Namespace, extra: Any) -> Any:
         raise ConfigError("--set agent=...: expected a JSON object")
     base = {"kind": args.agent, "base_url": args.agent_base_url or "",
             "model": args.agent_model or "", "api_key_env": args.agent_api_key_env}  # fmt: skip
-    return AgentConfig.from_json({**base, **(extra or {})})
+    return AgentConfig.from_json({**base, **(extra or {})}).to_json()
 
 
 def _model_ref(model: str) -> str:
@@ -168,7 +173,8 @@ def _model_ref(model: str) -> str:
 
 
 class _View:
-    """Progress bar over the budget and a live table of the current round."""
+    """Progress bar over the budget and a live table of the current round, plus one printed line
+    per finished trial (visible while the run goes, also when stderr is not a terminal)."""
 
     def __init__(self, console: Any, budget_s: float) -> None:
         from rich.live import Live
@@ -195,82 +201,127 @@ class _View:
         bar = ProgressBar(total=self.budget_s, completed=min(used, self.budget_s), width=60)
         return Group(f"budget {used / 60:.1f} / {self.budget_s / 60:.1f} min", bar, t)
 
-    def __call__(self, kind: str, d: dict[str, Any]) -> None:
-        import json
-
-        if kind == "start":
-            self.elapsed0 = d["elapsed"]
-            self.t0 = time.monotonic()
-            self.head = f"run {d['run_id']}" + (" (resumed)" if d["resumed"] else "")
-        elif kind == "reference":
-            self.head = f"reference outputs {d['done'] + 1}/{d['total']}"
-        elif kind == "profile_start":
-            self.head = f"round {d['round']}: phase 0, cost model"
-        elif kind == "profile":
-            f = d.get("factors")
-            self.console.print(
-                f"round {d['round']}: "
-                + (", ".join(f"{k} {v:.3f}" for k, v in f.items()) if f else d.get("reason"))
-            )
-        elif kind == "round":
-            for e in d.get("agent", []):
-                if e.get("stage") != "accepted":
-                    self.console.print(f"agent {e.get('agent')} ({e.get('direction')}): "
-                                       f"{e.get('status')} at {e.get('stage')}: "
-                                       f"{str(e.get('reason'))[:160]}")  # fmt: skip
-            self.head = f"round {d['round']}: direction {', '.join(d['directions']) or '-'}"
-            self.rows = {
-                it["key"]: [it["mechanism"], json.dumps(it["params"])[:40], it["source"],
-                            "queued", "", ""]
-                for it in d["candidates"]
-            }  # fmt: skip
-        elif kind == "trial_start":
-            row = self.rows.setdefault(
-                d["key"], [d["mechanism"], json.dumps(d["params"])[:40], d["kind"], "", "", ""]
-            )
-            row[3] = "running" if d["kind"] == "explore" else "integrating"
-        elif kind == "trial_done":
-            r = d["result"]
-            row = self.rows.setdefault(d["key"], [d["steps"][-1][0], "", d["kind"], "", "", ""])
-            row[3] = r["status"]
-            row[4] = f"{r['speedup']:.3f} ± {r['spread']:.3f}" if r.get("speedup") else "-"
-            row[5] = (r.get("reason") or "")[:160]
-        elif kind == "round_end":
-            kept = ", ".join(f"{k['mechanism']} {k['speedup']:.3f}x" for k in d["kept"])
-            self.console.print(self._render())
-            self.console.print(f"round {d['round']} kept: {kept or 'nothing'}")
-            self.rows = {}
+    def __call__(self, kind: str, d: Any) -> None:
+        handler = getattr(self, f"_on_{kind}", None)
+        if handler is not None:
+            handler(d)
         self.live.update(self._render())
+
+    def _on_start(self, d: Any) -> None:
+        self.elapsed0, self.t0 = d.elapsed, time.monotonic()
+        self.head = f"run {d.run_id}" + (" (resumed)" if d.resumed else "")
+
+    def _on_reference(self, d: Any) -> None:
+        self.head = f"reference outputs {d.done + 1}/{d.total}"
+
+    def _on_profile_start(self, rnd: int) -> None:
+        self.head = f"round {rnd}: phase 0, cost model"
+
+    def _on_profile(self, d: Any) -> None:
+        f = d.factors
+        self.console.print(f"round {d.round}: "
+                           + (", ".join(f"{k} {v:.3f}" for k, v in f.items()) if f else d.reason))
+
+    def _on_round(self, d: Any) -> None:
+        for e in d.agent:
+            if e.get("stage") != "accepted":
+                self.console.print(f"agent {e.get('agent')} ({e.get('direction')}): "
+                                   f"{e.get('status')} at {e.get('stage')}: "
+                                   f"{str(e.get('reason'))[:160]}")  # fmt: skip
+        self.head = f"round {d.round}: direction {', '.join(d.directions) or '-'}"
+        self.rows = {it.key: [it.mechanism, json.dumps(it.params)[:40], it.source, "queued", "", ""]
+                     for it in d.candidates}  # fmt: skip
+
+    def _on_trial_start(self, d: Any) -> None:
+        it = d.item
+        row = self.rows.setdefault(it.key, [it.mechanism, json.dumps(it.params)[:40], d.kind,
+                                            "", "", ""])  # fmt: skip
+        row[3] = "running" if d.kind == "explore" else "integrating"
+
+    def _on_trial_done(self, rec: Any) -> None:
+        r = rec.result
+        mech = rec.steps[-1][0] if rec.steps else "-"
+        row = self.rows.setdefault(rec.key, [mech, "", rec.kind, "", "", ""])
+        row[3] = r.status
+        row[4] = f"{r.speedup:.3f} ± {r.spread or 0:.3f}" if r.speedup else "-"
+        row[5] = (r.reason or "")[:160]
+        params = json.dumps(rec.steps[-1][1] if rec.steps else {})[:60]
+        why = f": {(r.reason or '').splitlines()[0][:100]}" if r.reason else ""
+        self.console.print(f"  round {rec.round} {rec.kind} {mech} {params}: {r.status} "
+                           f"{row[4]} in {r.duration_s:.0f} s{why}")  # fmt: skip
+
+    def _on_flag(self, f: Any) -> None:
+        self.console.print(f"  {f.mechanism}: {f.speedup:.3f}x is above the cost model's ceiling "
+                           f"({f.ceiling:.3f}x); flagged, re-measured before it can be kept")
+
+    def _on_stopping(self, why: str) -> None:
+        self.head = "stopping: trials in flight end INTERRUPTED (Ctrl-C again to abort at once)"
+        self.console.print(f"stopping: {why}")
+
+    def _on_round_end(self, d: Any) -> None:
+        kept = ", ".join(f"{k.mechanism} {k.speedup:.3f}x" for k in d.kept)
+        self.console.print(self._render())
+        self.console.print(f"round {d.round} kept: {kept or 'nothing'}")
+        self.rows = {}
+
+
+@contextlib.contextmanager
+def _first_sigint_stops(stop: Any) -> Iterator[None]:
+    """The first SIGINT calls ``stop()`` (a clean stop); the second one interrupts at once."""
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        stop()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run (or resume) the loop; 0 when it finished."""
+    """Run (or resume) the loop; 0 when it finished, 130 when the first SIGINT stopped it."""
+    from specpilot.agent.explorer import agent_explorer
     from specpilot.pilot.coordinator import Coordinator
 
     cfg = _config(args)
     console = progress_console()
     view = _View(console, cfg.budget_minutes * 60)
-    coord = Coordinator(cfg, resume=bool(args.resume), on_event=view)
-    with view.live:
-        summary = coord.run()
-    out = Path(summary["out"])
+    coord = Coordinator(cfg, resume=bool(args.resume), on_event=view,
+                        explorer_factory=agent_explorer)  # fmt: skip
+    with _first_sigint_stops(coord.stop):
+        coord.prepare()  # user errors before the live view: one clean line
+        with view.live:
+            summary = coord.run()
+    _print_summary(console, summary)
+    return 130 if summary.interrupted else 0
+
+
+def _print_summary(console: Any, summary: Any) -> None:
+    out = Path(summary.out)
     console.print(
-        f"{summary['rounds']} round(s), {summary['trials']} trial(s) "
-        f"({', '.join(f'{k} {v}' for k, v in sorted(summary['statuses'].items())) or 'none'}) "
-        f"in {summary['elapsed_s'] / 60:.1f} min"
+        f"{summary.rounds} round(s), {summary.trials} trial(s) "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(summary.statuses.items())) or 'none'}) "
+        f"in {summary.elapsed_s / 60:.1f} min"
     )
-    console.print(f"start plan: {summary['start_plan']}")
-    console.print(f"final plan: {summary['final_plan']} (loop's own estimate "
-                  f"{summary['loop_speedup']:.2f}x over the start plan)")  # fmt: skip
-    for k in summary["kept"]:
-        console.print(f"  kept {k['mechanism']} {k['params']}: {k['speedup']:.3f}x "
-                      f"± {k['spread']:.3f}")  # fmt: skip
+    console.print(f"stopped: {summary.stop_reason}")
+    console.print(f"start plan: {summary.start_plan}")
+    console.print(f"final plan: {summary.final_plan} (loop's own estimate "
+                  f"{summary.loop_speedup:.2f}x over the start plan)")  # fmt: skip
+    for k in summary.kept:
+        console.print(f"  kept {k.mechanism} {k.params}: {k.speedup:.3f}x ± {k.spread:.3f}")
     console.print(f"plan: {out / 'plan.json'}  report: {out / 'report.html'}  "
                   f"log: {out / 'rounds.jsonl'}")  # fmt: skip
-    if summary.get("sandbox"):
-        console.print(f"agent-written code ran sandboxed: {summary['sandbox']}")
-    console.print(f"verify independently: specpilot bench --plan {out / 'plan.json'}")
-    return 0
+    if summary.sandbox:
+        console.print(f"agent-written code ran sandboxed: {summary.sandbox}")
+    if summary.interrupted:
+        console.print(f"continue with: specpilot optimize --resume {out}")
+    else:
+        console.print(f"verify independently: specpilot bench --plan {out / 'plan.json'}")
 
 
 def main(argv: list[str] | None = None) -> int:

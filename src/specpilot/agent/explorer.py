@@ -1,4 +1,6 @@
-"""The agents' side of the pilot loop: :class:`AgentExplorer`, the coordinator's one hook.
+"""The agents' side of the pilot loop: :class:`AgentExplorer`, an extra explorer of the run
+(it implements :class:`specpilot.pilot.explorer.Explorer`; the CLI wires it in through
+:func:`agent_explorer`, the pilot never imports this package).
 
 Each round, one agent per worker (directions: the round's factors, largest first, round-robin)
 is sent :func:`.prompt.messages` and answers with a parameter proposal or a new mechanism. Every
@@ -27,8 +29,8 @@ from typing import Any
 
 from specpilot.agent import client as cl
 from specpilot.agent import prompt
+from specpilot.agent.config import AgentConfig
 from specpilot.agent.parse import PARAMS, ParseError, Proposal, parse_reply
-from specpilot.agent.sandbox import SandboxSpec, probe, read_paths
 from specpilot.agent.static import StaticReject, check_source
 from specpilot.agent.store import (
     AgentModule,
@@ -40,7 +42,12 @@ from specpilot.agent.store import (
 )
 from specpilot.errors import ConfigError
 from specpilot.mechanisms.base import Context, Mechanism, check_params
+from specpilot.pilot import steps as pilot_steps
+from specpilot.pilot.explorer import ExplorerSetup, Proposals, RoundAsk
+from specpilot.pilot.records import Change, Item
+from specpilot.pilot.sandbox import SandboxSpec, probe, read_paths
 from specpilot.pilot.search import canonical
+from specpilot.pilot.trial import TrialResult
 from specpilot.plan import Plan
 
 STRONG = ("landlock", "netns")
@@ -74,7 +81,8 @@ class AgentExplorer:
     def __init__(self, cfg: Any, out: Path, run_id: str, memory: Any,
                  mechs: dict[str, Mechanism], ctx_of: Callable[[Mapping[str, Any]], Context],
                  log: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
-        self.cfg, self.acfg = cfg, cfg.agent
+        self.cfg = cfg
+        self.acfg = AgentConfig.from_json(cfg.agent) if cfg.agent is not None else None
         self.out, self.run_id, self.memory, self.mechs = out.resolve(), run_id, memory, mechs
         self.ctx_of, self.log = ctx_of, log
         self.root = self.out / "agent"
@@ -223,10 +231,15 @@ class AgentExplorer:
         path = (str(self.src.resolve()),) if mods else ()
         return tuple(m.module for m in mods), path, self.sandbox().to_arg()
 
-    def propose(self, rnd: int, plan: Mapping[str, Any], factors: Mapping[str, float],
-                report: Mapping[str, Any] | None, order: Sequence[str], tried: set[str]
-                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
-        """This round's agent candidates (item dicts without keys) and the agents' log."""
+    def propose(self, ask: RoundAsk) -> Proposals:
+        """This round's agent candidates (without keys) and the agents' log."""
+        items, log = self._propose(ask.round, ask.plan, ask.factors, ask.report, ask.order,
+                                   ask.tried)  # fmt: skip
+        return Proposals(items, [], log)
+
+    def _propose(self, rnd: int, plan: Mapping[str, Any], factors: Mapping[str, float],
+                 report: Mapping[str, Any] | None, order: Sequence[str], tried: set[str]
+                 ) -> tuple[list[Item], list[dict[str, Any]]]:  # fmt: skip
         if self.client is None or self.acfg is None or not order:
             return [], []
         ctx, p = self.ctx_of(plan), Plan.from_json(plan)
@@ -240,7 +253,7 @@ class AgentExplorer:
                                     dict(plan), avail, memory) for i in range(n)]  # fmt: skip
         with ThreadPoolExecutor(n, thread_name_prefix="specpilot-agent") as pool:
             rounds = list(pool.map(lambda i: self._guarded(i, briefs[i], ctx, p, tried), range(n)))
-        items: list[dict[str, Any]] = []
+        items: list[Item] = []
         log: list[dict[str, Any]] = []
         for i, ar in enumerate(rounds):
             log.extend(ar.entries)
@@ -257,8 +270,8 @@ class AgentExplorer:
                 if key in tried:
                     continue
                 tried.add(key)
-                items.append({"mechanism": acc.mechanism, "params": acc.params, "source": "agent",
-                              "direction": briefs[i].direction, "agent": i})  # fmt: skip
+                items.append(Item(acc.mechanism, acc.params, "agent", briefs[i].direction,
+                                  agent=i))  # fmt: skip
         return items, log
 
     def _guarded(self, i: int, brief: prompt.RoundBrief, ctx: Context, plan: Plan,
@@ -360,8 +373,6 @@ class AgentExplorer:
 
     def _check_params(self, prop: Proposal, ctx: Context, plan: Plan, tried: set[str]
                       ) -> _Accepted:  # fmt: skip
-        from specpilot.pilot import bridge
-
         mech = self.mechs.get(prop.mechanism)
         if mech is None:
             raise _Rejected("params", f"unknown mechanism {prop.mechanism!r}; known: "
@@ -370,8 +381,8 @@ class AgentExplorer:
         if why is not None:
             raise _Rejected("params", f"{mech.id} does not apply to the plan: {why}")
         try:
-            params = bridge.check_params(mech, ctx, plan, prop.params)
-            new = bridge.apply_steps(plan, [(mech.id, params)], self.mechs, lambda _: ctx)
+            params = pilot_steps.check_params(mech, ctx, plan, prop.params)
+            new = pilot_steps.apply_steps(plan, [(mech.id, params)], self.mechs, lambda _: ctx)
         except (ConfigError, TypeError, ValueError) as e:
             raise _Rejected("params", str(e)) from None
         if canonical(mech.id, params) in tried:
@@ -383,24 +394,26 @@ class AgentExplorer:
             raise _Rejected("params", f"{mech.id} {params} does not change the plan")
         return _Accepted(mech.id, params, None, prop.note)
 
-    def after_round(self, rnd: int, items: Sequence[Mapping[str, Any]],
-                    results: Mapping[str, Mapping[str, Any]], kept: Sequence[Mapping[str, Any]]
-                    ) -> list[dict[str, Any]]:  # fmt: skip
+    def after_round(self, rnd: int, items: Sequence[Item], results: Mapping[str, TrialResult],
+                    kept: Sequence[Change]) -> list[dict[str, Any]]:  # fmt: skip
         """Feed trial outcomes back to the agents; store kept agent modules in the memory.
         Returns log entries for the round's record."""
         out: list[dict[str, Any]] = []
         for it in items:
-            if it.get("source") != "agent":
+            if it.source != "agent":
                 continue
-            res = results.get(it["key"]) or {}
-            status, speedup = res.get("status", "NOT RUN"), res.get("speedup")
+            res = results.get(it.key)
+            status = res.status if res is not None else "NOT RUN"
+            speedup = res.speedup if res is not None else None
             if status != "PASS" or not speedup or speedup <= 1 + self.cfg.min_gain:
-                why = res.get("reason") or f"PASS but not faster (speedup {speedup})"
-                what = f"{it['mechanism']} {it['params']}"
-                failures = self.failures.setdefault(int(it.get("agent", 0)), [])
-                failures.append({"what": what, "status": status, "reason": why})
+                why = (res.reason if res is not None else "") or (
+                    f"PASS but not faster (speedup {speedup})"
+                )
+                failures = self.failures.setdefault(int(it.agent or 0), [])
+                failures.append({"what": f"{it.mechanism} {it.params}", "status": status,
+                                 "reason": why})  # fmt: skip
         for k in kept:
-            m = self.by_id.get(k["mechanism"])
+            m = self.by_id.get(k.mechanism)
             if m is None:
                 continue
             source = (Path(m.directory) / f"{m.module}.py").read_text()
@@ -408,5 +421,12 @@ class AgentExplorer:
             origin["round"] = rnd if origin.get("round") is None else origin["round"]
             if self.memory.add_agent_source(source, [x["id"] for x in m.mechanisms], origin):
                 out.append({"stage": "stored", "status": "stored", "sha": m.sha,
-                            "mechanism": k["mechanism"], "origin": origin})  # fmt: skip
+                            "mechanism": k.mechanism, "origin": origin})  # fmt: skip
         return out
+
+
+def agent_explorer(setup: ExplorerSetup) -> AgentExplorer | None:
+    """The :data:`specpilot.pilot.explorer.ExplorerFactory` of the agents: None when there is
+    nothing agent-written to run (see :meth:`AgentExplorer.start`)."""
+    return AgentExplorer.start(setup.cfg, setup.out, setup.run_id, setup.memory, setup.mechs,
+                               setup.ctx_of, setup.log, setup.records, setup.plan)  # fmt: skip

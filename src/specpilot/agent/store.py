@@ -20,8 +20,8 @@ from pathlib import Path
 from time import monotonic
 from typing import Any
 
-from specpilot.agent.sandbox import SandboxSpec
 from specpilot.mechanisms.base import Context, Param, with_option
+from specpilot.pilot.sandbox import SandboxSpec
 from specpilot.plan import Plan
 
 DESCRIBE_TIMEOUT_S = 60.0

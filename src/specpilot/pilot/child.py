@@ -14,7 +14,7 @@ parent (see :mod:`.proc` for framing):
               space, applicable of an agent-written module's ``MECHANISMS``; no setup needed)
   exit     {}               -> the process exits
 
-With ``--sandbox SPEC`` the child applies :func:`specpilot.agent.sandbox.apply` right after the
+With ``--sandbox SPEC`` the child applies :func:`specpilot.pilot.sandbox.apply` right after the
 memory limit, before it imports torch or any mechanism module; if that fails it answers every
 request with an error and runs nothing.
 
@@ -72,8 +72,10 @@ class _Server:
     def setup(self, msg: dict[str, Any]) -> dict[str, Any]:
         from specpilot.engine import GenerationConfig
         from specpilot.loading import load_model
-        from specpilot.pilot.bridge import all_mechanisms, apply_steps, build_decoder, context_of
+        from specpilot.pilot.decoder import build_decoder
+        from specpilot.pilot.steps import all_mechanisms, apply_steps
         from specpilot.plan import Plan
+        from specpilot.runtime import context_of
 
         plan = Plan.from_json(msg["plan"], where="trial plan")
         mechs = all_mechanisms(tuple(msg.get("modules", ())))
@@ -141,7 +143,7 @@ class _Server:
 
 def _sandbox(arg: str) -> Exception | None:
     """Apply the sandbox; the error that refuses every request when it cannot be applied."""
-    from specpilot.agent.sandbox import SandboxError, SandboxSpec, apply
+    from specpilot.pilot.sandbox import SandboxError, SandboxSpec, apply
 
     try:
         apply(SandboxSpec.from_arg(arg), os.getcwd())

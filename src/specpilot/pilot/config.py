@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specpilot.agent.config import AgentConfig
 from specpilot.errors import ConfigError
 from specpilot.mechanisms.base import FACTORS
 from specpilot.pilot.trial import TrialLimits
@@ -67,8 +66,10 @@ class OptimizeConfig:
     recall: bool = True
     """Before the first round, try memory's best remembered winners stacked (:mod:`.recall`)."""
     python_path: tuple[str, ...] = ()
-    agent: AgentConfig | None = None
-    """LLM agents proposing mechanisms (``--agent``); None = the built-in explorer only."""
+    agent: Mapping[str, Any] | None = None
+    """Settings of the LLM agents proposing mechanisms (``--agent``: the JSON of
+    :class:`specpilot.agent.config.AgentConfig`, validated by the CLI and read by the agent
+    explorer the CLI wires in); None = the built-in explorer only."""
     reuse_agent_mechanisms: bool = True
     """Re-apply agent-written mechanisms stored in the memory (sandboxed, forced again)."""
 
@@ -101,8 +102,8 @@ class OptimizeConfig:
             d["limits"] = TrialLimits(**d["limits"])
             for k in ("modules", "python_path"):
                 d[k] = tuple(d[k])
-            if d.get("agent") is not None:
-                d["agent"] = AgentConfig.from_json(d["agent"])
+            if d.get("agent") is not None and not isinstance(d["agent"], Mapping):
+                raise TypeError("agent: expected an object")
             return cls(**d)
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(
@@ -125,7 +126,8 @@ def trial_key(run_id: str, rnd: int, kind: str, base: Mapping[str, Any], steps: 
 def directions(factors: Mapping[str, float], near_tie: float) -> list[str]:
     """Factors in exploration order, largest first (ties: tau, kernel, overhead). The round's
     directions are the first, plus the second when within ``near_tie`` of it
-    (``Coordinator._choose``); a factor with nothing left to try falls through to the next."""
+    (:func:`specpilot.pilot.choosing.n_directions`); a factor with nothing left to try falls
+    through to the next."""
     return sorted(FACTORS, key=lambda f: (-factors.get(f, 1.0), FACTORS.index(f)))
 
 

@@ -9,6 +9,8 @@
   replaced and its trial is recorded as a CRASH.
 On a CPU machine every trial shares one timing slot (a lock file): forcing may run in parallel,
 timed requests never overlap any other trial's work (see :class:`~.proc.TimingSlot`).
+Both take an ``abort`` event (the run's stop request, set on the first SIGINT): trials in flight
+then end INTERRUPTED, their children killed.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from specpilot.errors import ConfigError
+from specpilot.pilot.proc import Abort
 from specpilot.pilot.trial import (
     CRASH,
+    INTERRUPTED,
+    INTERRUPTED_REASON,
     ProfileJob,
     TrialJob,
     TrialResult,
@@ -43,21 +48,27 @@ class Executor(Protocol):
     def shutdown(self) -> None: ...
 
 
-def _guarded(fn: Callable[[Any], Any], job: Any, on_error: Callable[[str], Any]) -> Any:
+def _guarded(fn: Callable[[Any], Any], job: Any, on_error: Callable[[str, str], Any],
+             abort: Abort | None = None) -> Any:  # fmt: skip
+    """``fn(job)``; an exception becomes ``on_error(status, reason)``: INTERRUPTED when the run
+    was asked to stop (or the exception is a KeyboardInterrupt), else CRASH."""
     try:
         return fn(job)
     except BaseException as e:
-        return on_error(f"executor error: {type(e).__name__}: {e}")
+        if isinstance(e, KeyboardInterrupt) or (abort is not None and abort.is_set()):
+            return on_error(INTERRUPTED, INTERRUPTED_REASON.format(phase="the executor"))
+        return on_error(CRASH, f"executor error: {type(e).__name__}: {e}")
 
 
 class LocalExecutor:
     """Trials in subprocesses driven by a thread pool of ``workers``. With ``gpus``, each trial
     holds one GPU index for its duration (its children see only that GPU)."""
 
-    def __init__(self, workers: int = 1, gpus: int = 0) -> None:
+    def __init__(self, workers: int = 1, gpus: int = 0, abort: Abort | None = None) -> None:
         if workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {workers}")
         self.workers = workers
+        self.abort = abort
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="specpilot-trial")
         self.gpus: queue.Queue[int] | None = None
         if gpus:
@@ -77,14 +88,18 @@ class LocalExecutor:
     def submit(self, job: TrialJob) -> Future[TrialResult]:
         return self.pool.submit(
             _guarded,
-            lambda j: self._on_device(run_trial, j),
+            lambda j: self._on_device(lambda x: run_trial(x, self.abort), j),
             job,
-            lambda why: TrialResult(job.key, CRASH, why),
+            lambda status, why: TrialResult(job.key, status, why),
+            self.abort,
         )
 
     def profile(self, job: ProfileJob) -> ProfileOutcome:
         return _guarded(
-            lambda j: self._on_device(run_profile, j), job, lambda why: (CRASH, why, None)
+            lambda j: self._on_device(lambda x: run_profile(x, self.abort), j),
+            job,
+            lambda status, why: (status, why, None),
+            self.abort,
         )
 
     def shutdown(self) -> None:
@@ -107,7 +122,9 @@ class _TrialActor:
 class RayExecutor:
     """One actor per worker slot: ``gpus_per_worker`` GPUs (0 on CPU) and one CPU each."""
 
-    def __init__(self, workers: int = 1, gpus_per_worker: float = 0.0) -> None:
+    def __init__(
+        self, workers: int = 1, gpus_per_worker: float = 0.0, abort: Abort | None = None
+    ) -> None:
         try:
             import ray
         except ImportError:
@@ -117,6 +134,7 @@ class RayExecutor:
         if workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {workers}")
         self.ray = ray
+        self.abort = abort
         if not ray.is_initialized():
             ray.init(
                 num_cpus=workers,
@@ -139,6 +157,11 @@ class RayExecutor:
         actor = self._free.get()
         try:
             ref = getattr(actor, method).remote(job)
+            while not self.ray.wait([ref], timeout=0.2)[0]:
+                if self.abort is not None and self.abort.is_set():
+                    self.ray.kill(actor)  # its trial's children die with it (PDEATHSIG)
+                    actor = self._remote.remote()
+                    raise RuntimeError("interrupted")
             out = self.ray.get(ref)
         except self.ray.exceptions.RayActorError as e:
             actor = self._remote.remote()  # replace the dead actor
@@ -151,14 +174,16 @@ class RayExecutor:
         def run(j: TrialJob) -> TrialResult:
             return TrialResult.from_json(self._call("run", j))
 
-        return self.pool.submit(_guarded, run, job, lambda why: TrialResult(job.key, CRASH, why))
+        return self.pool.submit(_guarded, run, job,
+                                lambda status, why: TrialResult(job.key, status, why),
+                                self.abort)  # fmt: skip
 
     def profile(self, job: ProfileJob) -> ProfileOutcome:
         def run(j: ProfileJob) -> ProfileOutcome:
             status, reason, rep = self._call("profile", j)
             return status, reason, rep
 
-        return _guarded(run, job, lambda why: (CRASH, why, None))
+        return _guarded(run, job, lambda status, why: (status, why, None), self.abort)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -178,13 +203,13 @@ def _thread_env() -> dict[str, str]:
     return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS") or n}
 
 
-def make_executor(kind: str, workers: int, device: str) -> Executor:
+def make_executor(kind: str, workers: int, device: str, abort: Abort | None = None) -> Executor:
     if kind == "local":
         if device.startswith("cuda"):
             import torch
 
-            return LocalExecutor(workers, gpus=max(1, torch.cuda.device_count()))
-        return LocalExecutor(workers)
+            return LocalExecutor(workers, gpus=max(1, torch.cuda.device_count()), abort=abort)
+        return LocalExecutor(workers, abort=abort)
     if kind == "ray":
-        return RayExecutor(workers, 1.0 if device.startswith("cuda") else 0.0)
+        return RayExecutor(workers, 1.0 if device.startswith("cuda") else 0.0, abort)
     raise ConfigError(f"--executor must be local or ray, got {kind!r}")

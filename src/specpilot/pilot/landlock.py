@@ -6,7 +6,7 @@ References: the kernel's ``Documentation/userspace-api/landlock.rst`` and
 5: IOCTL_DEV; 6: scoping of abstract Unix sockets and signals). The syscall numbers 444-446 are
 the same on every architecture (they were added after the syscall tables were unified).
 
-Used by :mod:`specpilot.agent.sandbox` in the trial subprocess, before any untrusted code is
+Used by :mod:`specpilot.pilot.sandbox` in the trial subprocess, before any untrusted code is
 imported and while the process is still single-threaded (a ruleset restricts the calling thread
 and the threads and processes it creates afterwards).
 """

@@ -195,6 +195,15 @@ class Memory:
                 (_dump(dict(deltas)), key),
             )
 
+    def forget_effect(self, key: str) -> None:
+        """Drop the effect of trial ``key`` (a speedup above the cost model's ceiling that a
+        re-measurement did not confirm must not become a prior); the trial itself stays."""
+        with self.db:
+            self.db.execute(
+                "DELETE FROM effects WHERE trial_id=(SELECT id FROM trials WHERE idem_key=?)",
+                (key,),
+            )
+
     def add_agent_source(self, source: str, mechanism_ids: list[str], origin: Mapping[str, Any]
                          ) -> bool:  # fmt: skip
         """Store a kept agent-written module (idempotent by its SHA-256); False if present."""

@@ -6,10 +6,11 @@ child's prints go to a log file and cannot corrupt the protocol) with length-pre
 (4-byte big-endian length, UTF-8 JSON; frames over :data:`MAX_FRAME` are a protocol error).
 
 * Deadlines: every read waits with ``select`` until a deadline; past it the caller gets
-  :class:`ChildTimeout` and kills the tree.
-* Killing: :meth:`ChildProcess.kill` sends SIGKILL to the process group, to every descendant found
-  through ``/proc`` parent links, and to every process whose environment carries the trial's
-  random token (grandchildren that left the group with ``setsid`` and were re-parented) - the
+  :class:`ChildTimeout` and kills the tree. A read given an ``abort`` event (set on the first
+  SIGINT) checks it every :data:`ABORT_POLL_S` and raises :class:`ChildInterrupted`.
+* Killing: :meth:`ChildProcess.kill` sends SIGKILL to the process group, to every descendant
+  (psutil's process tree), and to every process whose environment carries the trial's random
+  token (grandchildren that left the group with ``setsid`` and were re-parented) - the
   OpenEvolve #79 failure mode (a timeout that leaves grandchildren running) is closed three ways.
 * Stop/continue: the parent keeps the child's group stopped (SIGSTOP) whenever it is not serving a
   request, so a background thread can neither precompute outside the timed window nor steal CPU
@@ -34,11 +35,20 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from time import monotonic as _monotonic
-from typing import Any
+from typing import Any, Protocol
+
+import psutil
 
 MAX_FRAME = 64 << 20
 TOKEN_ENV = "SPECPILOT_TRIAL_TOKEN"
 _HEADER = struct.Struct(">I")
+ABORT_POLL_S = 0.1
+
+
+class Abort(Protocol):
+    """What a read polls to stop early (a :class:`threading.Event`)."""
+
+    def is_set(self) -> bool: ...
 
 
 class ChildError(Exception):
@@ -55,6 +65,10 @@ class ChildGone(ChildError):
 
 class ProtocolError(ChildError):
     """The child sent something that is not a valid frame."""
+
+
+class ChildInterrupted(ChildError):
+    """The run was asked to stop (SIGINT) while waiting for the child."""
 
 
 def write_frame(fd: int, obj: Any) -> None:
@@ -102,8 +116,9 @@ class FrameReader:
         self.buf = bytearray()
         os.set_blocking(fd, False)
 
-    def read(self, deadline: float) -> Any:
-        """The next frame, waiting until ``deadline`` (``time.monotonic`` seconds)."""
+    def read(self, deadline: float, abort: Abort | None = None) -> Any:
+        """The next frame, waiting until ``deadline`` (``time.monotonic`` seconds) or until
+        ``abort`` is set."""
         while True:
             if len(self.buf) >= _HEADER.size:
                 (n,) = _HEADER.unpack_from(self.buf)
@@ -116,10 +131,13 @@ class FrameReader:
                         return json.loads(body)
                     except (UnicodeDecodeError, json.JSONDecodeError) as e:
                         raise ProtocolError(f"child sent a frame that is not JSON: {e}") from None
+            if abort is not None and abort.is_set():
+                raise ChildInterrupted("the run was interrupted")
             left = deadline - _monotonic()
             if left <= 0:
                 raise ChildTimeout("no answer before the deadline")
-            ready, _, _ = select.select([self.fd], [], [], left)
+            wait = left if abort is None else min(left, ABORT_POLL_S)
+            ready, _, _ = select.select([self.fd], [], [], wait)
             if not ready:
                 continue
             try:
@@ -179,16 +197,18 @@ class ChildProcess:
         self.stopped = False
         self.killed = False
 
-    def request(self, msg: dict[str, Any], deadline: float) -> dict[str, Any]:
+    def request(
+        self, msg: dict[str, Any], deadline: float, abort: Abort | None = None
+    ) -> dict[str, Any]:
         """Send ``msg`` and wait for the answer until ``deadline`` (monotonic seconds)."""
         try:
             write_frame(self._w, msg)
         except (BrokenPipeError, OSError) as e:
             raise ChildGone(f"cannot write to the child: {e}") from None
-        return self.read(deadline)
+        return self.read(deadline, abort)
 
-    def read(self, deadline: float) -> dict[str, Any]:
-        ans = self._reader.read(deadline)
+    def read(self, deadline: float, abort: Abort | None = None) -> dict[str, Any]:
+        ans = self._reader.read(deadline, abort)
         if not isinstance(ans, dict) or not isinstance(ans.get("op"), str):
             raise ProtocolError(f"child answered {str(ans)[:80]!r}, expected an object with 'op'")
         return ans
@@ -243,48 +263,33 @@ class ChildProcess:
 
 
 def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode("latin-1")
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        for c in children.get(pid, []):
-            out.append(c)
-            todo.append(c)
-    return out
+    try:
+        return [p.pid for p in psutil.Process(root).children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
 
 
 def _carrying(token: str) -> list[int]:
-    needle = f"{TOKEN_ENV}={token}".encode()
+    """Processes whose environment holds ``TOKEN_ENV=token`` (readable ones: our own user's)."""
     me = os.getpid()
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
+    for p in psutil.process_iter():
+        if p.pid == me:
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
+            if p.environ().get(TOKEN_ENV) == token:
+                found.append(p.pid)
+        except (psutil.Error, OSError):
             continue
     return found
 
 
 def kill_tree(pid: int, token: str | None = None) -> None:
     """SIGKILL process group ``pid``, its descendants and processes carrying ``token``."""
-    victims = set(_descendants(pid)) if os.path.isdir("/proc") else set()
+    victims = set(_descendants(pid))
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    if token and os.path.isdir("/proc"):
+    if token:
         victims.update(_carrying(token))
     victims.add(pid)
     for v in victims:

@@ -7,7 +7,8 @@ strongest wins where two set the same field — and verifies and times the stack
 integration trial on the whole held-back pool. A stack that is lossless and faster by more than
 its spread becomes the plan the rounds start from; otherwise the run goes on from the start
 plan as if nothing was remembered. Either way the rounds after it explore as usual (the
-remembered candidates also come first in Phase 1).
+remembered candidates also come first in Phase 1). Plain functions: :func:`recall_steps` picks
+the stack, :func:`recall_round` runs it through a callback and returns the round's summary.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ from typing import Any
 from specpilot.errors import ConfigError
 from specpilot.mechanisms.base import Context, Mechanism
 from specpilot.pilot.config import plan_hash, trial_key
+from specpilot.pilot.events import EventFn, RoundStart
+from specpilot.pilot.journal import RunState
 from specpilot.pilot.memory import Memory, Prior
+from specpilot.pilot.records import Change, Item, Outcome, PlanJSON, RoundSummary, Steps
+from specpilot.pilot.trial import TrialResult
 from specpilot.plan import Plan
 
 Apply = Callable[[Plan, str, Mapping[str, Any]], Plan]
@@ -62,52 +67,36 @@ def label(steps: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
     return "memory[" + "+".join(m for m, _ in steps) + "]"
 
 
-class RecallMixin:
-    """The recall round of :class:`specpilot.pilot.coordinator.Coordinator`, which supplies the
-    attributes below and ``_ctx``, ``_apply``, ``_full_pool_trial``, ``_beats_spread``,
-    ``_end_round`` and ``emit``."""
+def pending(enabled: bool, state: RunState) -> bool:
+    """Recall runs once, before anything else of the first round (also after a resume that
+    stopped inside it)."""
+    return (enabled and state.round == 0 and state.current.profile is None
+            and all(t.kind == "recall" for t in state.trials))  # fmt: skip
 
-    cfg: Any
-    state: Any
-    memory: Memory
-    mechs: dict[str, Mechanism]
-    run_id: str
 
-    def _recall_pending(self) -> bool:
-        """Recall runs once, before anything else of the first round (also after a resume
-        that stopped inside it)."""
-        st = self.state
-        assert st is not None
-        return (self.cfg.recall and st.round == 0 and st.current.profile is None
-                and all(t["kind"] == "recall" for t in st.trials))  # fmt: skip
+RunFullPool = Callable[[Item, Steps], "TrialResult | None"]
+"""Runs a stacked trial on the whole held-back pool; None when it could not run."""
 
-    def _recall(self, rnd: int) -> None:
-        """Memory's best remembered winners for this context, stacked and verified on the whole
-        held-back pool as one trial; kept (as round ``rnd``) only if lossless and faster than
-        the spread."""
-        from specpilot.pilot.coordinator import _brief
 
-        st = self.state
-        assert st is not None
-        plan = st.plan
-
-        ctx = self._ctx(plan)  # type: ignore[attr-defined]
-        steps = recall_steps(self.memory, self.mechs, ctx, Plan.from_json(plan), self._apply)  # type: ignore[attr-defined]
-        if not steps:
-            return
-        job_steps = [[m, p] for m, p in steps]
-        key = trial_key(self.run_id, rnd, "recall", plan, job_steps)
-        item = {"mechanism": label(steps), "params": {"steps": job_steps},
-                "source": "memory", "direction": "memory", "key": key}  # fmt: skip
-        self.emit("round", {"round": rnd, "factors": {}, "directions": ["memory"],
-                            "candidates": [item]})  # fmt: skip
-        res = self._full_pool_trial(rnd, "recall", key, plan, job_steps, item)  # type: ignore[attr-defined]
-        if res is None:
-            return
-        ok = self._beats_spread(res)  # type: ignore[attr-defined]
-        kept = [{**item, "speedup": res["speedup"], "spread": res["spread"]}] if ok else []
-        new_plan = res["plan"] if ok and res.get("plan") else plan
-        summary = {"type": "round_end", "round": rnd, "base": plan_hash(plan), "plan": new_plan,
-                   "factors": {}, "directions": ["memory"], "winners": kept, "kept": kept,
-                   "candidates": [{**item, **_brief(res)}]}  # fmt: skip
-        self._end_round(summary)  # type: ignore[attr-defined]
+def recall_round(rnd: int, plan: PlanJSON, steps: Sequence[tuple[str, Mapping[str, Any]]],
+                 run_id: str, run: RunFullPool, keep: Callable[[TrialResult], bool],
+                 emit: EventFn) -> RoundSummary | None:  # fmt: skip
+    """The recall round: ``steps`` (:func:`recall_steps`) stacked on ``plan`` and verified on the
+    whole held-back pool as one trial. Its summary keeps the stack (the plan the child built)
+    only if ``keep`` accepts the result; None when there is nothing to recall or the trial could
+    not run (the run goes on from ``plan``)."""
+    if not steps:
+        return None
+    job_steps: Steps = [[m, dict(p)] for m, p in steps]
+    key = trial_key(run_id, rnd, "recall", plan, job_steps)
+    item = Item(label(steps), {"steps": job_steps}, "memory", "memory", key)
+    emit("round", RoundStart(rnd, {}, ["memory"], [item]))
+    res = run(item, job_steps)
+    if res is None:
+        return None
+    ok = keep(res) and res.speedup is not None
+    kept = [Change(item.mechanism, item.params, res.speedup or 0.0, res.spread or 0.0, key,
+                   item.source, item.direction)] if ok else []  # fmt: skip
+    new_plan = res.plan if ok and res.plan else plan
+    return RoundSummary(rnd, plan_hash(plan), new_plan, {}, ["memory"], kept, kept,
+                        [Outcome.of(item, res)])  # fmt: skip

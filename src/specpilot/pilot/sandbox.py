@@ -118,7 +118,7 @@ def read_paths(extra: Iterable[str], protected: Sequence[str]) -> tuple[tuple[st
 def probe(python: str | None = None, timeout: float = 30.0) -> tuple[str, ...]:
     """The layers a child on this machine can apply, found by applying them in a throwaway
     subprocess (namespaces and Landlock change the calling process for good)."""
-    code = "import json, specpilot.agent.sandbox as s; print(json.dumps(s._probe_child()))"
+    code = "import json, specpilot.pilot.sandbox as s; print(json.dumps(s._probe_child()))"
     try:
         out = subprocess.run(
             [python or sys.executable, "-c", code],
@@ -148,7 +148,7 @@ def _probe_child() -> list[str]:
     except OSError:
         pass
     try:
-        from specpilot.agent.landlock import restrict
+        from specpilot.pilot.landlock import restrict
 
         restrict(read=(sys.prefix,), write=())
         got.append("landlock")
@@ -184,7 +184,7 @@ def apply(spec: SandboxSpec, scratch: str) -> str:
         if "netns" in spec.layers:
             unshare_net()
         if "landlock" in spec.layers:
-            from specpilot.agent.landlock import restrict
+            from specpilot.pilot.landlock import restrict
 
             restrict(spec.read, (scratch,), spec.devices)
     except OSError as e:

@@ -198,25 +198,3 @@ def _fits(params: Mapping[str, Any], space: Sequence[Param]) -> bool:
     except ValueError:
         return False
     return True
-
-
-def pick_winners(
-    items: Sequence[Mapping[str, Any]],
-    results: Mapping[str, Mapping[str, Any]],
-    min_gain: float,
-    limit: int,
-) -> list[dict[str, Any]]:
-    """Phase 1 winners for Phase 2: PASS trials faster than ``1 + min_gain``, the best params per
-    mechanism, fastest first, at most ``limit``."""
-    best: dict[str, dict[str, Any]] = {}
-    for it in items:
-        r = results.get(it["key"])
-        if not r or r["status"] != "PASS" or r.get("speedup") is None:
-            continue
-        if r["speedup"] <= 1 + min_gain:
-            continue
-        w = {"mechanism": it["mechanism"], "params": it["params"], "speedup": r["speedup"],
-             "spread": r["spread"], "key": it["key"]}  # fmt: skip
-        if it["mechanism"] not in best or w["speedup"] > best[it["mechanism"]]["speedup"]:
-            best[it["mechanism"]] = w
-    return sorted(best.values(), key=lambda w: -w["speedup"])[:limit]

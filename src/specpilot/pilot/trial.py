@@ -13,9 +13,11 @@ Protocol of :func:`run_trial` (the parent; the child is :mod:`.child`):
      too. No prompt is sent twice to one child, so outputs cached between requests never help;
      per round, speedup = baseline seconds / candidate seconds (same tokens, both lossless);
      the result is the median over rounds and the spread half their range.
-Every outcome is a :class:`TrialResult` with status PASS / MISMATCH / TIMEOUT / CRASH and a
-reason; nothing is raised across the process boundary, and both children's trees are killed at
-the end whatever happened.
+Every outcome is a :class:`TrialResult` with status PASS / MISMATCH / TIMEOUT / CRASH /
+INTERRUPTED and a reason; nothing is raised across the process boundary, and both children's
+trees are killed at the end whatever happened. INTERRUPTED: the run was asked to stop (the first
+SIGINT sets the ``abort`` event) while the trial was in flight; it says nothing about the
+candidate, and ``--resume`` runs the trial again.
 """
 
 from __future__ import annotations
@@ -36,10 +38,20 @@ from typing import Any
 
 from specpilot.errors import ConfigError
 from specpilot.forcing import Reference, check
-from specpilot.pilot.proc import ChildGone, ChildProcess, ChildTimeout, ProtocolError, TimingSlot
+from specpilot.pilot.proc import (
+    Abort,
+    ChildGone,
+    ChildInterrupted,
+    ChildProcess,
+    ChildTimeout,
+    ProtocolError,
+    TimingSlot,
+)
 
 PASS, MISMATCH, TIMEOUT, CRASH = "PASS", "MISMATCH", "TIMEOUT", "CRASH"
-STATUSES = (PASS, MISMATCH, TIMEOUT, CRASH)
+INTERRUPTED = "INTERRUPTED"
+STATUSES = (PASS, MISMATCH, TIMEOUT, CRASH, INTERRUPTED)
+INTERRUPTED_REASON = "interrupted (SIGINT) in {phase}; --resume runs it again"
 
 
 @dataclass(frozen=True)
@@ -86,7 +98,7 @@ class ChildSpec:
     python_path: tuple[str, ...] = ()
     """Prepended to the child's PYTHONPATH (so ``modules`` can be found)."""
     sandbox: str = ""
-    """The child's sandbox (:class:`specpilot.agent.sandbox.SandboxSpec` JSON), applied before
+    """The child's sandbox (:class:`specpilot.pilot.sandbox.SandboxSpec` JSON), applied before
     it imports anything untrusted; empty = none (no agent-written code runs in it)."""
 
 
@@ -163,8 +175,9 @@ class _Failure(Exception):
 class _Child:
     """A child plus the trial's time accounting."""
 
-    def __init__(self, name: str, spec: ChildSpec, job: TrialJob, tmp: Path, logs: Path) -> None:
-        self.name, self.job = name, job
+    def __init__(self, name: str, spec: ChildSpec, job: TrialJob, tmp: Path, logs: Path,
+                 abort: Abort | None = None) -> None:  # fmt: skip
+        self.name, self.job, self.abort = name, job, abort
         env = {**os.environ, **job.env}
         env["TMPDIR"] = str(tmp)
         if spec.python_path:
@@ -188,7 +201,9 @@ class _Child:
         t0 = _clock()
         self.proc.cont()
         try:
-            ans = self.proc.request(msg, _monotonic() + limit)
+            ans = self.proc.request(msg, _monotonic() + limit, self.abort)
+        except ChildInterrupted:
+            raise _Failure(INTERRUPTED, f"{self.name}: {msg['op']} interrupted") from None
         except ChildTimeout:
             raise _Failure(
                 TIMEOUT, f"{self.name}: no answer to {msg['op']} within {limit:.0f} s"
@@ -254,8 +269,9 @@ def _setup_msg(spec: ChildSpec, job: TrialJob) -> dict[str, Any]:
     }
 
 
-def run_trial(job: TrialJob) -> TrialResult:
-    """Run ``job``; always returns a result (harness bugs too are a CRASH with the traceback)."""
+def run_trial(job: TrialJob, abort: Abort | None = None) -> TrialResult:
+    """Run ``job``; always returns a result (harness bugs too are a CRASH with the traceback).
+    Once ``abort`` is set the children are killed and the result is INTERRUPTED."""
     start = _clock()
     res = TrialResult(job.key, PASS, phase="setup")
     tmp = Path(tempfile.mkdtemp(prefix="specpilot-trial-"))
@@ -263,10 +279,12 @@ def run_trial(job: TrialJob) -> TrialResult:
     children: list[_Child] = []
     try:
         logs.mkdir(parents=True, exist_ok=True)
-        _run(job, res, tmp, logs, children)
+        _run(job, res, tmp, logs, children, abort)
         res.phase = "done"
     except _Failure as f:
         res.status, res.reason = f.status, f.reason
+        if f.status == INTERRUPTED:
+            res.reason = INTERRUPTED_REASON.format(phase=res.phase)
     except Exception as e:  # a harness bug must not break the pool either
         res.status = CRASH
         res.reason = f"harness error: {type(e).__name__}: {e}; " + traceback.format_exc()[-800:]
@@ -280,12 +298,13 @@ def run_trial(job: TrialJob) -> TrialResult:
     return res
 
 
-def _run(job: TrialJob, res: TrialResult, tmp: Path, logs: Path, children: list[_Child]) -> None:
+def _run(job: TrialJob, res: TrialResult, tmp: Path, logs: Path, children: list[_Child],
+         abort: Abort | None) -> None:  # fmt: skip
     slot = TimingSlot(job.slot)
     lim = job.limits
     used = [0.0]
     with slot.shared():
-        cand = _Child("candidate", job.candidate, job, tmp, logs)
+        cand = _Child("candidate", job.candidate, job, tmp, logs, abort)
         children.append(cand)
         ready, res.setup_s = cand.call(_setup_msg(job.candidate, job), lim.setup_timeout_s, used)
     res.plan = _checked_plan(ready)
@@ -311,7 +330,7 @@ def _run(job: TrialJob, res: TrialResult, tmp: Path, logs: Path, children: list[
 
     res.phase = "baseline"
     with slot.shared():
-        base = _Child("baseline", job.baseline, job, tmp, logs)
+        base = _Child("baseline", job.baseline, job, tmp, logs, abort)
         children.append(base)
         _, res.base_setup_s = base.call(_setup_msg(job.baseline, job), lim.setup_timeout_s, used)
         for c in (base, cand):
@@ -412,9 +431,11 @@ class ProfileJob:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-def run_profile(job: ProfileJob) -> tuple[str, str, dict[str, Any] | None]:
+def run_profile(
+    job: ProfileJob, abort: Abort | None = None
+) -> tuple[str, str, dict[str, Any] | None]:
     """(status, reason, CostReport JSON or None); the profile times, so it holds the slot
-    exclusively. Never raises."""
+    exclusively. Never raises; INTERRUPTED once ``abort`` is set."""
     tmp = Path(tempfile.mkdtemp(prefix="specpilot-profile-"))
     logs = Path(job.work_dir) / _safe(job.key) if job.work_dir else tmp
     as_trial = TrialJob(
@@ -427,7 +448,7 @@ def run_profile(job: ProfileJob) -> tuple[str, str, dict[str, Any] | None]:
         used = [0.0]
         slot = TimingSlot(job.slot)
         with slot.shared():
-            child = _Child("profile", job.child, as_trial, tmp, logs)
+            child = _Child("profile", job.child, as_trial, tmp, logs, abort)
             child.call(_setup_msg(job.child, as_trial), job.limits.setup_timeout_s, used)
         msg = {
             "op": "profile",
@@ -441,6 +462,8 @@ def run_profile(job: ProfileJob) -> tuple[str, str, dict[str, Any] | None]:
             return CRASH, "profile: protocol violation", None
         return PASS, "", rep
     except _Failure as f:
+        if f.status == INTERRUPTED:
+            return INTERRUPTED, INTERRUPTED_REASON.format(phase="profile"), None
         return f.status, f.reason, None
     except Exception as e:
         return CRASH, f"harness error: {type(e).__name__}: {e}", None
