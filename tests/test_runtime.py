@@ -13,9 +13,10 @@ from specpilot.engine import EngineConfig
 from specpilot.errors import ConfigError
 from specpilot.mechanisms import get
 from specpilot.mechanisms.base import Context, apply_checked
+from specpilot.mechanisms.batch_budget import cap_spec
 from specpilot.mechanisms.compile_forward import compiler_missing
 from specpilot.plan import Plan
-from specpilot.runtime import build, cap_spec, default_plan
+from specpilot.runtime import build, default_plan
 from specpilot.tree import TreeSpec
 
 from .runtime_helpers import GEN, PROMPTS, loaded, references
@@ -74,7 +75,7 @@ def test_compile_forward_decodes(linear: str) -> None:
     drafter = built.make_drafter()
     outs = [built.engine.generate(p, GEN, drafter=drafter, spec=built.spec).tokens for p in PROMPTS]
     assert outs == references()
-    assert lm.model._specpilot_compiled == ("layers", True)
+    assert lm.model.compiled == ("layers", True)
 
 
 def test_draft_vocab_cuts_the_draft_head() -> None:

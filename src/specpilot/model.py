@@ -328,6 +328,9 @@ class Transformer(nn.Module):
         self._cos: Tensor | None = None
         self._sin: Tensor | None = None
         self._head_plain: Tensor | None = None
+        self._full_head: Tensor | None = None
+        self.compiled: tuple[str, bool] | None = None
+        """(scope, dynamic) of :meth:`compile_forward`, None when not compiled."""
 
     def tie_weights(self) -> None:
         if self.cfg.tie_embeddings:
@@ -396,6 +399,46 @@ class Transformer(nn.Module):
             del mlp.gate_proj, mlp.up_proj
         self._head_plain = self.lm_head.weight
         self.lm_head = PackedLinear(self.lm_head.weight, None)
+
+    @property
+    def prepacked(self) -> bool:
+        """Whether :meth:`prepack` replaced the projections by oneDNN-packed ones (one-way)."""
+        return self._head_plain is not None
+
+    def set_head_rows(self, keep: int) -> None:
+        """Compute logits for token ids ``[0, keep)`` only (a reduced draft vocabulary);
+        reversible: the full head is kept and a later call may choose another ``keep``."""
+        if self._full_head is None:
+            self._full_head = self.head_weight()
+        keep = min(keep, self._full_head.shape[0])
+        w = self._full_head[:keep].contiguous()  # (keep, dim)
+        if self.prepacked:
+            self.lm_head = PackedLinear(w, None)
+        else:
+            head = nn.Linear(w.shape[1], keep, bias=False, device=w.device, dtype=w.dtype)
+            head.weight = nn.Parameter(w, requires_grad=False)
+            self.lm_head = head
+
+    def compile_forward(self, scope: str, dynamic: bool) -> None:
+        """torch.compile (Inductor) the decoder blocks (``scope="layers"``: one compile reused by
+        every layer) or the whole forward (``"forward"``); prepacked linears stay eager. Once per
+        model: a second call with other settings raises ValueError."""
+        key = (scope, dynamic)
+        if self.compiled == key:
+            return
+        if self.compiled is not None:
+            raise ValueError(f"the model was compiled with {self.compiled} already")
+        if scope not in ("layers", "forward"):
+            raise ValueError(f"scope must be layers or forward, got {scope!r}")
+        for mod in self.modules():
+            if isinstance(mod, PackedLinear):  # oneDNN packed weights: not lowerable by Inductor
+                mod.forward = torch.compiler.disable(mod.forward)
+        if scope == "layers":
+            for layer in self.model.layers:
+                layer.forward = torch.compile(layer.forward, dynamic=dynamic)
+        else:
+            self.forward = torch.compile(self.forward, dynamic=dynamic)
+        self.compiled = key
 
     def head_weight(self) -> Tensor:
         """The plain LM-head matrix ``(vocab, dim)`` (drafters that share it read it here)."""

@@ -2,15 +2,16 @@
 
 :func:`build` honours every field of a plan: the engine configuration (device, dtype, attention,
 linear backend, threads, the verify-step switches of :mod:`specpilot.fastverify`), the drafter and
-its options, the tree shape, and the runtime ``options`` of mechanisms (keyed by mechanism id:
-drafter wrappers, the batch-size budget table, torch.compile, a reduced draft vocabulary). Each
-option is parsed by its mechanism (``parse_options``) so a bad or unknown entry fails with a
-:class:`ConfigError` before anything runs. :func:`context_of` describes where a plan runs (what
-mechanism applicability and memory similarity read); :func:`default_plan` is what ``bench`` runs
-with no flags.
+its options, the tree shape, and the runtime ``options`` of mechanisms (keyed by mechanism id).
+Each option is parsed by its mechanism (``parse_options``) so a bad or unknown entry fails with a
+:class:`ConfigError` before anything runs, then applied by the mechanism's ``configure`` hook
+(:class:`specpilot.mechanisms.base.RuntimeMechanism`): drafter wrappers, the batch-size budget
+table, torch.compile, a reduced draft vocabulary, all the same way. :func:`context_of` describes
+where a plan runs (what mechanism applicability and memory similarity read); :func:`default_plan`
+is what ``bench`` runs with no flags.
 
-Model state. Building mutates the loaded model the way the engine always did (oneDNN prepacking
-is one-way; ``compile_forward`` replaces forwards; ``draft_vocab`` cuts the draft model's LM
+Model state. Building changes the loaded model through its public methods (oneDNN prepacking is
+one-way; ``compile_forward`` replaces forwards; ``set_head_rows`` cuts the draft model's LM
 head), so one process serves plans that agree on those; trials of the pilot loop each run in
 their own subprocess.
 """
@@ -30,7 +31,7 @@ import torch
 from specpilot.drafters.base import Drafter
 from specpilot.engine import Engine, EngineConfig
 from specpilot.errors import ConfigError, DrafterError
-from specpilot.mechanisms.base import Context
+from specpilot.mechanisms.base import Context, RuntimeMechanism, RuntimeSetup
 from specpilot.plan import Plan
 from specpilot.tree import TreeSpec
 
@@ -159,93 +160,57 @@ def plan_options(plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, raw in plan.options.items():
         mech = get(key)
-        parse = getattr(mech, "parse_options", None)
-        if parse is None:
+        if not isinstance(mech, RuntimeMechanism):
             raise ConfigError(f"plan options: mechanism {key!r} keeps no runtime options")
-        out[key] = parse(raw)
+        out[key] = mech.parse_options(raw)
     return out
-
-
-def budget_for(table: Mapping[int, int], batch_size: int) -> int | None:
-    """The node budget for ``batch_size``: the entry of the largest batch size <= it (None when
-    the table has none). Read by the batched engine as well.
-
-    >>> budget_for({1: 16, 4: 8, 16: 2}, 6)
-    8
-    """
-    keys = [b for b in table if b <= batch_size]
-    return table[max(keys)] if keys else None
-
-
-def cap_spec(spec: TreeSpec, budget: int) -> TreeSpec:
-    """``spec`` verifying at most ``budget`` draft nodes (static paths: shortest first, closed).
-
-    >>> cap_spec(TreeSpec(kind="static", paths=((0,), (1,), (0, 0), (0, 0, 0))), 3).paths
-    ((0,), (1,), (0, 0))
-    """
-    if budget >= spec.max_nodes:
-        return spec
-    if spec.kind == "chain":
-        return TreeSpec(kind="chain", k=budget)
-    if spec.kind == "dynamic":
-        return TreeSpec(kind="dynamic", budget=budget, topk=spec.topk, depth=spec.depth)
-    kept: list[tuple[int, ...]] = []
-    for p in sorted(spec.paths, key=len):
-        if len(kept) < budget and (len(p) == 1 or p[:-1] in kept):
-            kept.append(p)
-    return TreeSpec(kind="static", paths=tuple(kept))
 
 
 def build(plan: Plan, loaded: Any, *, draft: Any = None, batch_size: int = 1) -> Built:
     """Build ``plan`` on ``loaded`` (a :class:`specpilot.loading.LoadedModel`).
 
     ``draft``: the loaded draft model when the plan (or its hybrid fallback) uses ``"model"``.
-    ``batch_size`` picks the entry of the plan's budget table. Fails fast (ConfigError /
+    ``batch_size`` picks the entry of the plan's budget table. Every runtime option is applied by
+    its mechanism's ``configure`` hook (registry order). Fails fast (ConfigError /
     DrafterError) on anything the plan asks that cannot be honoured here.
     """
+    from specpilot.mechanisms import get, runtime_order
+
     opts = plan_options(plan)
     ecfg = plan.engine
     _place(loaded.model, ecfg, "target")
-    uses_model = plan.drafter == "model" or (
-        "hybrid_drafting" in opts and opts["hybrid_drafting"].fallback == "model"
-    )
-    if uses_model and draft is None:
+    if plan.drafter == "model" and draft is None:
         raise ConfigError("the plan drafts with a draft model: give one (--draft-model PATH)")
-    if "draft_vocab" in opts and draft is None:
-        raise ConfigError("the plan's draft_vocab option needs a draft model (--draft-model PATH)")
     engine = Engine(loaded.model, ecfg)
     if draft is not None:
         _place(draft.model, ecfg, "draft")
         draft.model.prepack(ecfg.linear)
-        if "draft_vocab" in opts:
-            from specpilot.mechanisms.draft_vocab import set_head_rows
-
-            set_head_rows(draft.model, opts["draft_vocab"].keep)
-    if "compile_forward" in opts:
-        from specpilot.mechanisms.compile_forward import compile_model
-
-        compile_model(loaded.model, opts["compile_forward"])
-    spec = plan.tree
-    if "batch_budget" in opts:
-        cap = budget_for(opts["batch_budget"].table, batch_size)
-        if cap is not None:
-            spec = cap_spec(spec, cap)
-    make = _drafter_factory(plan, opts, loaded, draft)
+    setup = RuntimeSetup(
+        plan=plan,
+        target=loaded.model,
+        draft=None if draft is None else draft.model,
+        spec=plan.tree,
+        batch_size=batch_size,
+        base_drafter=lambda name, options: base_drafter(name, options, loaded, draft),
+    )
+    for key in runtime_order(opts):
+        get(key).configure(setup, opts[key])
+    make = _drafter_factory(plan, setup)
     make()  # fail fast on an incompatible drafter
-    return Built(plan, engine, make, spec, batch_size)
+    return Built(plan, engine, make, setup.spec, batch_size)
 
 
 def _place(model: Any, ecfg: EngineConfig, what: str) -> None:
     """Move/cast ``model`` to the plan's device and dtype (before any prepacking)."""
     dev, dtype = torch.device(ecfg.device), ecfg.torch_dtype
     if model.device == dev and model.dtype == dtype:
-        if ecfg.linear == "torch" and model._head_plain is not None:
+        if ecfg.linear == "torch" and model.prepacked:
             raise ConfigError(
                 f"the {what} model was prepacked for oneDNN earlier in this process; "
                 "load it again to run the plan's linear=torch"
             )
         return
-    if model._head_plain is not None:
+    if model.prepacked:
         raise ConfigError(
             f"the {what} model was prepacked on {model.device} {model.dtype} in this process; "
             f"load it on {ecfg.device} {ecfg.dtype} to run this plan"
@@ -255,26 +220,15 @@ def _place(model: Any, ecfg: EngineConfig, what: str) -> None:
         model.max_len = 0  # the cache and RoPE tables are reallocated on the new device
 
 
-def _drafter_factory(
-    plan: Plan, opts: dict[str, Any], loaded: Any, draft: Any
-) -> Callable[[], Drafter | None]:
-    hybrid = opts.get("hybrid_drafting")
-    adaptive = opts.get("adaptive_draft")
+def _drafter_factory(plan: Plan, setup: RuntimeSetup) -> Callable[[], Drafter | None]:
+    wrappers = tuple(setup.wrappers)
 
     def make() -> Drafter | None:
-        d = base_drafter(plan.drafter, plan.drafter_options, loaded, draft)
+        d = setup.base_drafter(plan.drafter, plan.drafter_options)
         if d is None:
             return None
-        if hybrid is not None:
-            from specpilot.drafters.hybrid import HybridDrafter
-
-            fb = base_drafter(hybrid.fallback, hybrid.fallback_options, loaded, draft)
-            assert fb is not None
-            d = HybridDrafter(d, fb, hybrid.min_nodes)
-        if adaptive is not None:
-            from specpilot.drafters.adaptive import ConfidenceDrafter
-
-            d = ConfidenceDrafter(d, adaptive.threshold, adaptive.min_nodes)
+        for wrap in wrappers:
+            d = wrap(d)
         return d
 
     return make

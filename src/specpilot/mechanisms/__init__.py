@@ -8,6 +8,9 @@ space, provenance recorded); running the result: :func:`specpilot.runtime.build`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from specpilot.errors import ConfigError
 from specpilot.mechanisms.adaptive_draft import AdaptiveDraft
 from specpilot.mechanisms.attention_impl import AttentionImpl
@@ -74,6 +77,12 @@ def by_factor(factor: str) -> list[Mechanism]:
     if factor not in FACTORS:
         raise ConfigError(f"factor must be one of {FACTORS}, got {factor!r}")
     return [m for m in _REGISTRY.values() if m.factor == factor]
+
+
+def runtime_order(options: Mapping[str, Any]) -> list[str]:
+    """The ids of ``options`` in registry order: the order their ``configure`` hooks run
+    (drafter wrappers nest in it: a hybrid fallback inside an adaptive cut)."""
+    return [m for m in _REGISTRY if m in options]
 
 
 def get(mech_id: str) -> Mechanism:

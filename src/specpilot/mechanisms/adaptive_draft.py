@@ -15,6 +15,7 @@ from typing import Any
 from specpilot.mechanisms.base import (
     Context,
     Param,
+    RuntimeSetup,
     no_drafter,
     parse_dataclass,
     require,
@@ -64,3 +65,10 @@ class AdaptiveDraft:
     def apply(self, plan: Plan, params: Mapping[str, Any]) -> Plan:
         value = {"threshold": float(params["threshold"]), "min_nodes": int(params["min_nodes"])}
         return with_option(plan, self.id, value)
+
+    def configure(self, setup: RuntimeSetup, options: AdaptiveOptions) -> None:
+        from specpilot.drafters.adaptive import ConfidenceDrafter
+
+        setup.wrappers.append(
+            lambda d: ConfidenceDrafter(d, options.threshold, options.min_nodes)
+        )

@@ -5,16 +5,24 @@ typed parameter space, says whether it applies to a context (device, dtype, arch
 drafter, batch size) and plan, and turns a plan plus parameter values into a new plan. It never
 times or verifies anything itself: the trusted harness builds the new plan in a trial
 subprocess, token-forces it against the reference on held-back prompts, and only then times it.
+
+A mechanism whose effect is not a plan field but something built at run time keeps a runtime
+option in ``plan.options[id]`` and implements :class:`RuntimeMechanism`: ``parse_options``
+validates the JSON entry, and ``configure(setup, options)`` applies it while
+:func:`specpilot.runtime.build` builds the plan, through the models' public methods and the
+:class:`RuntimeSetup` it is handed (every such mechanism the same way, in registry order).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from specpilot.drafters.base import Drafter
 from specpilot.errors import ConfigError
 from specpilot.plan import Plan
+from specpilot.tree import TreeSpec
 
 FACTORS = ("tau", "kernel", "overhead")
 PARAM_KINDS = ("int", "float", "categorical", "bool")
@@ -103,6 +111,36 @@ class Mechanism(Protocol):
 
     def apply(self, plan: Plan, params: Mapping[str, Any]) -> Plan:
         """The plan with this mechanism applied (params already validated against ``space``)."""
+
+
+@dataclass
+class RuntimeSetup:
+    """What a mechanism's ``configure`` hook may change while a plan is built."""
+
+    plan: Plan
+    target: Any
+    """The target :class:`specpilot.model.Transformer` (placed, prepacked as the plan says)."""
+    draft: Any | None
+    """The draft model's Transformer, or None without a draft model."""
+    spec: TreeSpec
+    """The tree the built plan verifies (a hook may cap it)."""
+    batch_size: int
+    base_drafter: Callable[[str, Mapping[str, Any]], Drafter | None]
+    """Builds a registered drafter by name and options (e.g. a fallback drafter)."""
+    wrappers: list[Callable[[Drafter], Drafter]] = field(default_factory=list)
+    """Applied to every fresh drafter in order (outermost last)."""
+
+
+@runtime_checkable
+class RuntimeMechanism(Mechanism, Protocol):
+    """A mechanism with a runtime option (see the module docstring)."""
+
+    @staticmethod
+    def parse_options(raw: Any) -> Any:
+        """The validated options of ``plan.options[id]``; ConfigError on a bad entry."""
+
+    def configure(self, setup: RuntimeSetup, options: Any) -> None:
+        """Apply parsed ``options`` to the plan being built; ConfigError if it cannot be."""
 
 
 def check_params(space: Sequence[Param], params: Mapping[str, Any], where: str) -> dict[str, Any]:

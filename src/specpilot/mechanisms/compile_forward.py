@@ -7,7 +7,7 @@ compiles the decoder block once and reuses the code for every layer (short compi
 recompiles as the verify width and key length change). Prepacked oneDNN linears are opaque to
 Inductor: they run eagerly between compiled regions. Inductor on CPU needs a C compiler; on GPU,
 Triton. Compilation changes kernels, so losslessness is left to token forcing.
-Runtime: :func:`compile_model`, options ``{"scope": ..., "dynamic": ...}``.
+Runtime: :meth:`CompileForward.configure`, options ``{"scope": ..., "dynamic": ...}``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from typing import Any
 import torch
 
 from specpilot.errors import ConfigError
-from specpilot.mechanisms.base import Context, Param, parse_dataclass, require, with_option
+from specpilot.mechanisms.base import (
+    Context,
+    Param,
+    RuntimeSetup,
+    parse_dataclass,
+    require,
+    with_option,
+)
 from specpilot.plan import Plan
 
 SCOPES = ("layers", "forward")
@@ -50,29 +57,16 @@ def compiler_missing(on_gpu: bool) -> str | None:
 
 
 def compile_model(model: Any, opts: CompileOptions) -> None:
-    """Replace ``model``'s forwards by compiled ones (once per process and model)."""
-    from specpilot.model import PackedLinear
-
+    """Compile ``model``'s forwards (:meth:`specpilot.model.Transformer.compile_forward`)."""
     key = (opts.scope, opts.dynamic)
-    done = getattr(model, "_specpilot_compiled", None)
-    if done == key:
-        return
-    if done is not None:
+    if model.compiled not in (None, key):
         raise ConfigError(
-            f"the model was compiled with {done} earlier in this process; load it again"
+            f"the model was compiled with {model.compiled} earlier in this process; load it again"
         )
     reason = compiler_missing(model.device.type == "cuda")
     if reason:
         raise ConfigError(f"compile_forward: {reason}")
-    for mod in model.modules():
-        if isinstance(mod, PackedLinear):  # oneDNN prepacked weights: not lowerable by Inductor
-            mod.forward = torch.compiler.disable(mod.forward)
-    if opts.scope == "layers":
-        for layer in model.model.layers:
-            layer.forward = torch.compile(layer.forward, dynamic=opts.dynamic)
-    else:
-        model.forward = torch.compile(model.forward, dynamic=opts.dynamic)
-    model._specpilot_compiled = key
+    model.compile_forward(opts.scope, opts.dynamic)
 
 
 class CompileForward:
@@ -92,6 +86,9 @@ class CompileForward:
 
     def applicable(self, ctx: Context, plan: Plan) -> str | None:
         return compiler_missing(ctx.on_gpu)
+
+    def configure(self, setup: RuntimeSetup, options: CompileOptions) -> None:
+        compile_model(setup.target, options)
 
     def apply(self, plan: Plan, params: Mapping[str, Any]) -> Plan:
         value = {"scope": str(params["scope"]), "dynamic": bool(params["dynamic"])}

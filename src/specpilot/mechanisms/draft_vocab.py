@@ -4,7 +4,8 @@ With a 49k vocabulary the LM head dominates a small draft model's step; restrict
 head to frequent tokens cuts it (FR-Spec, Zhao et al. 2025). The draft can then only propose
 kept tokens; the target still verifies every one, so the output is unchanged. Tokens are kept
 by id: byte-level BPE assigns ids in merge order, so low ids are the frequent merges (a corpus
-count would be sharper; this needs no data). Runtime: :func:`set_head_rows`, options
+count would be sharper; this needs no data). Runtime: the draft model's
+:meth:`specpilot.model.Transformer.set_head_rows`, options
 ``{"keep": V}``.
 """
 
@@ -14,9 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
-
-from specpilot.mechanisms.base import Context, Param, parse_dataclass, require, with_option
+from specpilot.errors import ConfigError
+from specpilot.mechanisms.base import (
+    Context,
+    Param,
+    RuntimeSetup,
+    parse_dataclass,
+    require,
+    with_option,
+)
 from specpilot.plan import Plan
 
 MIN_KEEP = 256
@@ -33,25 +40,6 @@ class VocabOptions:
             "plan options: draft_vocab",
             "keep must be an integer >= 2",
         )
-
-
-def set_head_rows(model: Any, keep: int) -> None:
-    """Make ``model``'s LM head compute logits for ids ``[0, keep)`` only (reversible: the full
-    head is kept on the model)."""
-    from specpilot.model import PackedLinear
-
-    full = getattr(model, "_specpilot_full_head", None)
-    if full is None:
-        full = model.head_weight()
-        model._specpilot_full_head = full
-    keep = min(keep, full.shape[0])
-    w = full[:keep].contiguous()  # (keep, dim)
-    if model._head_plain is not None:  # prepacked model: a packed head of the kept rows
-        model.lm_head = PackedLinear(w, None)
-    else:
-        head = nn.Linear(w.shape[1], keep, bias=False, device=w.device, dtype=w.dtype)
-        head.weight = nn.Parameter(w, requires_grad=False)
-        model.lm_head = head
 
 
 def _uses_draft_model(plan: Plan) -> bool:
@@ -79,3 +67,10 @@ class DraftVocab:
 
     def apply(self, plan: Plan, params: Mapping[str, Any]) -> Plan:
         return with_option(plan, self.id, {"keep": int(params["keep"])})
+
+    def configure(self, setup: RuntimeSetup, options: VocabOptions) -> None:
+        if setup.draft is None:
+            raise ConfigError(
+                "the plan's draft_vocab option needs a draft model (--draft-model PATH)"
+            )
+        setup.draft.set_head_rows(options.keep)

@@ -13,9 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from specpilot.drafters.base import Drafter
+from specpilot.errors import ConfigError
 from specpilot.mechanisms.base import (
     Context,
     Param,
+    RuntimeSetup,
     no_drafter,
     parse_dataclass,
     require,
@@ -77,3 +80,16 @@ class HybridDrafting:
     def apply(self, plan: Plan, params: Mapping[str, Any]) -> Plan:
         value = {"fallback": str(params["fallback"]), "min_nodes": int(params["min_nodes"])}
         return with_option(plan, self.id, value)
+
+    def configure(self, setup: RuntimeSetup, options: HybridOptions) -> None:
+        from specpilot.drafters.hybrid import HybridDrafter
+
+        if options.fallback == "model" and setup.draft is None:
+            raise ConfigError("the plan drafts with a draft model: give one (--draft-model PATH)")
+
+        def wrap(d: Drafter) -> Drafter:
+            fb = setup.base_drafter(options.fallback, options.fallback_options)
+            assert fb is not None
+            return HybridDrafter(d, fb, options.min_nodes)
+
+        setup.wrappers.append(wrap)
