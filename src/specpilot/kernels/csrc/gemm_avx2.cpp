@@ -18,6 +18,9 @@ namespace {
 
 inline __m256 cvt(__m256i v) { return _mm256_cvtepi32_ps(v); }
 
+// fp16 -> fp32 with F16C: exact, like sp::half_to_float, but branch-free (subnormal scales).
+inline float h2f(const uint8_t* p) { return _cvtsh_ss(sp::rd16(p)); }
+
 inline float reduce8(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -44,7 +47,7 @@ struct FQ4_0 {
   static constexpr int NV = 4;
   static void load(const uint8_t* row, int64_t s, __m256* w) {
     const uint8_t* b = row + s * 18;
-    const __m256 d = _mm256_set1_ps(sp::half_to_float(sp::rd16(b)));
+    const __m256 d = _mm256_set1_ps(h2f(b));
     __m256i q[4];
     nibbles(b + 2, q);
     const __m256i eight = _mm256_set1_epi32(8);
@@ -56,8 +59,8 @@ struct FQ4_1 {
   static constexpr int NV = 4;
   static void load(const uint8_t* row, int64_t s, __m256* w) {
     const uint8_t* b = row + s * 20;
-    const __m256 d = _mm256_set1_ps(sp::half_to_float(sp::rd16(b)));
-    const __m256 m = _mm256_set1_ps(sp::half_to_float(sp::rd16(b + 2)));
+    const __m256 d = _mm256_set1_ps(h2f(b));
+    const __m256 m = _mm256_set1_ps(h2f(b + 2));
     __m256i q[4];
     nibbles(b + 4, q);
     for (int v = 0; v < 4; ++v) w[v] = _mm256_fmadd_ps(d, cvt(q[v]), m);  // d*q exact
@@ -68,7 +71,7 @@ struct FQ5_0 {
   static constexpr int NV = 4;
   static void load(const uint8_t* row, int64_t s, __m256* w) {
     const uint8_t* b = row + s * 22;
-    const __m256 d = _mm256_set1_ps(sp::half_to_float(sp::rd16(b)));
+    const __m256 d = _mm256_set1_ps(h2f(b));
     const __m256i qh = _mm256_set1_epi32(static_cast<int>(sp::rd32(b + 2)));
     __m256i q[4];
     nibbles(b + 6, q);
@@ -87,7 +90,7 @@ struct FQ8_0 {
   static constexpr int NV = 4;
   static void load(const uint8_t* row, int64_t s, __m256* w) {
     const uint8_t* b = row + s * 34;
-    const __m256 d = _mm256_set1_ps(sp::half_to_float(sp::rd16(b)));
+    const __m256 d = _mm256_set1_ps(h2f(b));
     for (int v = 0; v < 4; ++v) {
       const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * v));
       w[v] = _mm256_mul_ps(cvt(_mm256_cvtepi8_epi32(raw)), d);
@@ -102,8 +105,8 @@ struct FQ4_K {
     const int j = static_cast<int>(s % 8);
     int sc, mn;
     sp::q4k_scale_min(b + 4, j, &sc, &mn);
-    const __m256 dsc = _mm256_set1_ps(sp::half_to_float(sp::rd16(b)) * static_cast<float>(sc));
-    const __m256 dm = _mm256_set1_ps(sp::half_to_float(sp::rd16(b + 2)) * static_cast<float>(mn));
+    const __m256 dsc = _mm256_set1_ps(h2f(b) * static_cast<float>(sc));
+    const __m256 dm = _mm256_set1_ps(h2f(b + 2) * static_cast<float>(mn));
     const uint8_t* q = b + 16 + 32 * (j / 2);
     const __m128i shift = _mm_cvtsi32_si128(4 * (j % 2));
     const __m256i m = _mm256_set1_epi32(0x0f);
@@ -122,7 +125,7 @@ struct FQ6_K {
     const uint8_t* ql = b + 64 * h + 32 * (jj % 2);
     const uint8_t* qh = b + 128 + 32 * h;
     const __m128i sl = _mm_cvtsi32_si128(4 * (jj / 2)), sh = _mm_cvtsi32_si128(2 * jj);
-    const float d = sp::half_to_float(sp::rd16(b + 208));
+    const float d = h2f(b + 208);
     const __m256 ds0 = _mm256_set1_ps(d * static_cast<float>(static_cast<int8_t>(b[192 + 2 * j])));
     const __m256 ds1 =
         _mm256_set1_ps(d * static_cast<float>(static_cast<int8_t>(b[192 + 2 * j + 1])));
