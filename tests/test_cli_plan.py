@@ -129,6 +129,10 @@ def _err(capsys: pytest.CaptureFixture[str]) -> str:
         (["--drafter", "suffix"], "drop --drafter"),
         (["--tree", "dynamic"], "drop --tree"),
         (["--k", "3", "--threads", "2"], "drop --k, --threads"),
+        # a flag given at its default value still conflicts: "given" is decided by None
+        (["--k", "5"], "drop --k"),
+        (["--device", "cpu", "--linear", "onednn"], "drop --device, --linear"),
+        (["--lookup-min-n", "1"], "drop --lookup-min-n"),
     ],
 )
 def test_plan_conflicts_with_flags(

@@ -14,10 +14,6 @@ from specpilot.defaults import UNION_DEFAULTS
 from specpilot.errors import ConfigError, SpecPilotError
 
 DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_DRAFTER = "suffix"
-DEFAULT_TREE = "chain"
-PLAN_COMMANDS = ("generate", "bench", "profile")
-"""Commands whose ``--plan`` goes through :func:`specpilot.runtime.build` in ``_setup``."""
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -27,25 +23,26 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MODEL,
         help="HF model directory, .gguf file, or a known name (default: %(default)s)",
     )
-    g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
+    g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cpu)")
     g.add_argument(
         "--dtype",
-        default="float32",
+        default=None,
         choices=["float32", "bfloat16", "float16"],
-        help="weights/activations dtype; bf16/fp16 on GPU (default: %(default)s)",
+        help="weights/activations dtype; bf16/fp16 on GPU (default: float32)",
     )
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     g.add_argument(
         "--attention",
-        default="auto",
+        default=None,
         choices=["auto", "exact", "sdpa"],
-        help="exact = fp64 batch-invariant attention (CPU default); sdpa = native",
+        help="exact = fp64 batch-invariant attention; sdpa = native (default: auto, exact on "
+        "CPU)",
     )
     g.add_argument(
         "--linear",
-        default="onednn",
+        default=None,
         choices=["onednn", "torch"],
-        help="CPU fp32 GEMM backend (onednn: prepacked, batch-invariant)",
+        help="CPU fp32 GEMM backend (default: onednn, prepacked and batch-invariant)",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
@@ -70,15 +67,15 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
         help="draft tree shape (default: the default drafter's, see --drafter); bench takes "
         "several",
     )
-    g.add_argument("--k", type=int, default=5, help="chain length for --tree chain")
+    g.add_argument("--k", type=int, default=None, help="chain length for --tree chain (5)")
     g.add_argument(
         "--paths",
         default=None,
         help="static tree index paths, e.g. '0;1;0.0;0.1' or JSON [[0],[1],[0,0]]",
     )
-    g.add_argument("--budget", type=int, default=16, help="node budget N for --tree dynamic")
-    g.add_argument("--topk", type=int, default=4, help="children per node for --tree dynamic")
-    g.add_argument("--depth", type=int, default=8, help="max depth for --tree dynamic")
+    g.add_argument("--budget", type=int, default=None, help="node budget N, --tree dynamic (16)")
+    g.add_argument("--topk", type=int, default=None, help="children per node, --tree dynamic (4)")
+    g.add_argument("--depth", type=int, default=None, help="max depth for --tree dynamic (8)")
     g.add_argument(
         "--union-trust",
         type=int,
@@ -102,8 +99,8 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
         "drafter is below this (saves head forwards); 0 = expand all the tree allows (default: "
         f"{UNION_DEFAULTS['min_prob']} in X+suffix, 0 alone)",
     )
-    g.add_argument("--lookup-min-n", type=int, default=1, help="prompt lookup: shortest n-gram")
-    g.add_argument("--lookup-max-n", type=int, default=4, help="prompt lookup: longest n-gram")
+    g.add_argument("--lookup-min-n", type=int, default=None, help="lookup: shortest n-gram (1)")
+    g.add_argument("--lookup-max-n", type=int, default=None, help="lookup: longest n-gram (4)")
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
@@ -238,117 +235,12 @@ def main(argv: list[str] | None = None) -> int:
 def _setup(
     args: argparse.Namespace, hf_peers: bool = False
 ) -> tuple[Any, Any, list[Any], list[Any]]:
-    """Load the target; build the engine, the speculative candidates (drafter x tree shape) and
-    peers. Flags are validated first, so a bad flag fails before the model loads."""
-    if getattr(args, "plan", None) and getattr(args, "cmd", "profile") in PLAN_COMMANDS:
-        from specpilot.plan_setup import setup_plan
+    """(loaded, engine, candidates, peers) through :func:`specpilot.plan_setup.setup`: the flags
+    or ``--plan`` become plans built by the plan runtime; a bad flag fails before loading."""
+    from specpilot.plan_setup import setup
 
-        return setup_plan(args, hf_peers)
-    from specpilot.bench import Candidate
-    from specpilot.drafters import DRAFTERS
-    from specpilot.engine import Engine, EngineConfig
-    from specpilot.loading import load_model
-    from specpilot.tree import TreeSpec
-
-    ecfg = EngineConfig(
-        device=args.device,
-        dtype=args.dtype,
-        attention=args.attention,
-        linear=args.linear,
-        threads=args.threads,
-    )
-    drafters = list(dict.fromkeys(args.drafter or [DEFAULT_DRAFTER]))
-    trees = list(dict.fromkeys(args.tree or [DEFAULT_TREE]))
-    paths = TreeSpec.parse_paths(args.paths) if args.paths else ()
-    if "static" in trees and not paths:
-        raise ConfigError("--tree static needs --paths, e.g. --paths '0;1;0.0;0.1'")
-    specs = [
-        TreeSpec(
-            kind=t, k=args.k, paths=paths, budget=args.budget, topk=args.topk, depth=args.depth
-        )
-        for t in trees
-    ]
-    _check_drafter_names(drafters)
-    if "model" in drafters and not args.draft_model:
-        raise ConfigError("--drafter model needs --draft-model PATH")
-    if args.lookup_min_n < 1 or args.lookup_max_n < args.lookup_min_n:
-        raise ConfigError("--lookup-min-n must be >= 1 and <= --lookup-max-n")
-    if (args.union_trust or 0) < 0 or (args.union_depth or 0) < 0:
-        raise ConfigError("--union-trust and --union-depth must be >= 0 (0 = off)")
-    if args.head_min_prob is not None and not 0.0 <= args.head_min_prob < 1.0:
-        raise ConfigError(f"--head-min-prob must be in [0, 1), got {args.head_min_prob}")
-    loaded = load_model(args.model, device=ecfg.device, dtype=ecfg.torch_dtype)
-    if not args.drafter:  # the target's default: its shipped head + suffix where one ships
-        from specpilot.runtime import default_drafting
-
-        name, tree = default_drafting(loaded)
-        drafters = [name]
-        if not args.tree and _shape_flags_unset(args):
-            specs = [tree]
-    draft = None
-    if "model" in drafters:
-        draft = load_model(args.draft_model, device=ecfg.device, dtype=ecfg.torch_dtype)
-    peers: list[Any] = []
-    if hf_peers:  # built from the same weights, before the engine prepacks them
-        from specpilot.peers.hf import build_hf_model, make_hf_peers
-
-        hf = build_hf_model(loaded.cfg, loaded.model.state_dict())
-        names = ("greedy", "prompt-lookup", *(("assisted",) if draft else ()))
-        hf_draft = build_hf_model(draft.cfg, draft.model.state_dict()) if draft else None
-        peers = list(make_hf_peers(hf, names, draft=hf_draft))
-    engine = Engine(loaded.model, ecfg)
-    if draft is not None:
-        draft.model.prepack(ecfg.linear)
-    candidates = []
-    for name in drafters:
-        if name == "none":
-            continue
-        make = _drafter_factory(name, args, loaded, draft)
-        make()  # fail fast on an incompatible drafter
-        for spec in specs:
-            label = f"{Path(name).name if name not in DRAFTERS else name}/{spec.kind}"
-            candidates.append(Candidate(label, name, make, spec))
-    return loaded, engine, candidates, peers
-
-
-def _shape_flags_unset(args: argparse.Namespace) -> bool:
-    """No tree-shape flag was given (the default drafter may then bring its default tree)."""
-    from specpilot.plan_setup import PLAN_OWNED
-
-    shape = ("k", "paths", "budget", "topk", "depth")
-    return all(getattr(args, n, None) == PLAN_OWNED[n] for n in shape)
-
-
-def _check_drafter_names(names: list[str]) -> None:
-    """ConfigError for a --drafter that is neither a known name nor a drafter directory."""
-    from specpilot.drafters import DRAFTERS
-    from specpilot.drafters.trained import is_drafter_dir
-
-    for name in names:
-        if name not in DRAFTERS and not is_drafter_dir(name.removesuffix("+suffix")):
-            where = "is not a drafter directory (no config.json)" if Path(name).exists() else ""
-            raise ConfigError(
-                f"--drafter {name!r} {where or 'is unknown'}: use one of "
-                f"{', '.join(DRAFTERS)} or a directory made by specpilot train-drafter"
-            )
-
-
-def _drafter_factory(name: str, args: argparse.Namespace, loaded: Any, draft: Any) -> Any:
-    from specpilot.drafters import make_drafter
-
-    opts: dict[str, Any] = {}
-    if name == "lookup":
-        opts = {"min_n": args.lookup_min_n, "max_n": args.lookup_max_n}
-    elif name.endswith("+suffix"):
-        given = {"trust": args.union_trust, "trained_depth": args.union_depth}
-        opts = {k: v for k, v in given.items() if v is not None}
-    if args.head_min_prob is not None and name not in ("suffix", "lookup", "model", "none"):
-        opts["min_prob"] = args.head_min_prob
-
-    def make() -> Any:
-        return make_drafter(name, target=loaded, tokenizer=loaded.tokenizer, draft=draft, **opts)
-
-    return make
+    s = setup(args, hf_peers)
+    return s.loaded, s.engine, s.candidates, s.peers
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

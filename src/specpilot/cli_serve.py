@@ -92,12 +92,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("serve takes one --drafter")
     if args.tree and len(args.tree) > 1:
         raise ConfigError("serve takes one --tree")
-    if args.plan:  # the plan runtime builds drafter, tree and engine, as for bench
-        from specpilot.plan_setup import setup_plan
-
-        loaded, engine, candidates, _ = setup_plan(args)
-    else:
-        loaded, engine, candidates, _ = _setup(args)
+    loaded, engine, candidates, _ = _setup(args)  # flags or --plan, through the plan runtime
     cand = candidates[0] if candidates else None
     make = cand.make_drafter if cand else None
     if args.plan and not table:  # the plan's batch_budget table, when it has one

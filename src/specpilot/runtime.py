@@ -58,13 +58,14 @@ class Built:
     def name(self) -> str:
         return self.plan.describe()
 
-    def candidate(self) -> Any:
-        """This plan as a :class:`specpilot.bench.Candidate` (None for AR plans)."""
+    def candidate(self, label: str | None = None) -> Any:
+        """This plan as a :class:`specpilot.bench.Candidate` named ``label`` (default: the plan's
+        description); None for AR plans."""
         from specpilot.bench import Candidate
 
         if self.plan.drafter == "none":
             return None
-        return Candidate(self.name, self.plan.drafter, self.make_drafter, self.spec)
+        return Candidate(label or self.name, self.plan.drafter, self.make_drafter, self.spec)
 
 
 def default_plan(loaded: Any) -> Plan:
@@ -148,6 +149,12 @@ def _shipped(fingerprint: str) -> tuple[str, ...]:
     except DrafterError:
         return ()
     return ("head", "head+suffix")
+
+
+def uses_draft_model(plan: Plan) -> bool:
+    """Whether ``plan`` drafts with a draft model (as its drafter or its hybrid fallback)."""
+    hybrid = plan_options(plan).get("hybrid_drafting")
+    return plan.drafter == "model" or (hybrid is not None and hybrid.fallback == "model")
 
 
 def plan_options(plan: Plan) -> dict[str, Any]:
