@@ -5,16 +5,13 @@ vocabulary checked against transformers' own GGUF tokenizer), BOS and chat-less 
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-
-transformers = pytest.importorskip("transformers")
-gguf = pytest.importorskip("gguf")
 
 from specpilot.config import ModelConfig
 from specpilot.drafters import make_drafter
@@ -25,6 +22,9 @@ from specpilot.loading.hf import build_model
 from specpilot.model import Transformer, causal_mask
 from specpilot.peers.hf import HFGreedy
 from specpilot.tree import TreeSpec
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
 
 VOCAB = 160
 WINDOW = 8
@@ -107,7 +107,9 @@ def test_config_from_hf_and_back() -> None:
     again = transformers.AutoConfig.for_model(**cfg.to_hf())
     assert ModelConfig.from_hf(again.to_dict()) == cfg
     legacy = {  # transformers 4 spelling: rope_theta / rope_local_base_freq, pattern of 6
-        k: v for k, v in hf_config().to_dict().items() if k not in ("rope_parameters", "layer_types")
+        k: v
+        for k, v in hf_config().to_dict().items()
+        if k not in ("rope_parameters", "layer_types")
     }
     legacy.update(rope_theta=1e6, rope_local_base_freq=1e4, num_hidden_layers=7)
     old = ModelConfig.from_hf(legacy)
@@ -140,7 +142,9 @@ def test_logits_match_hf(softcap: float | None) -> None:
         torch.testing.assert_close(our_logits(m, ids), ref, rtol=0, atol=2e-5)
     # the window matters: without it the last rows differ, before it they are the same
     wide = build_model(
-        ModelConfig.from_hf(hf_config(sliding_window=64, final_logit_softcapping=softcap).to_dict()),
+        ModelConfig.from_hf(
+            hf_config(sliding_window=64, final_logit_softcapping=softcap).to_dict()
+        ),
         ours.state_dict(),
         "cpu",
         torch.float32,
@@ -201,3 +205,156 @@ def test_speculative_equals_plain_past_the_window(kind: str, drafter: str) -> No
         assert res.tokens == ref, f"{drafter}/{kind} diverged on {ids}"
         if drafter == "model-copy":
             assert res.tau >= 2.0
+
+
+# -- GGUF files ----------------------------------------------------------------------------------
+
+SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+USER = ["\n", "\n\n", "  ", "   "]  # user-defined: newline runs and space runs (stored as spaces)
+PIECES = ["\u2581", "a", "b", "c", "d", "e", "h", "i", "ab", "\u2581a", "\u2581ab", "abc"]
+PIECES += ["\u2581abc", "de", "\u2581de", "hi", "\u2581hi", "ed", "\u2581b", "ca"]
+TOKENS = SPECIAL + USER + [f"<0x{b:02X}>" for b in range(256)] + PIECES
+TYPES = [3] * len(SPECIAL) + [4] * len(USER) + [6] * 256 + [1] * len(PIECES)
+_GGUF_BLOCK = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_tensor_name(hf: str) -> str:
+    if hf == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf == "model.norm.weight":
+        return "output_norm.weight"
+    _, _, layer, rest = hf.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{_GGUF_BLOCK[module]}.{kind}"
+
+
+def write_gemma_gguf(path: Path, hf: Any) -> None:
+    """``hf`` as llama.cpp's converter writes it: norms stored as w + 1, Q/K not permuted."""
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_sliding_window(c.sliding_window)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(TOKENS)
+    w.add_token_scores([0.0] * len(TOKENS))
+    w.add_token_types(TYPES)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+    for name, t in hf.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        arr = t.numpy().astype(np.float32)
+        w.add_tensor(gguf_tensor_name(name), arr + 1 if name.endswith("norm.weight") else arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """A 6-layer model (llama.cpp's Gemma 3 pattern: five sliding, one global) and its GGUF."""
+    hf = hf_model(
+        seed=3,
+        vocab_size=len(TOKENS),
+        num_hidden_layers=6,
+        layer_types=None,
+        query_pre_attn_scalar=16,
+    )
+    path = tmp_path_factory.mktemp("g") / "tiny-gemma3.gguf"
+    write_gemma_gguf(path, hf)
+    return hf, path
+
+
+def test_gguf_loads_as_the_hf_model(gguf_pair: tuple[Any, Path], tmp_path: Path) -> None:
+    hf, path = gguf_pair
+    lm = load_model(str(path), cache_dir=tmp_path / "cache")
+    # GGUF stores the epsilon as fp32
+    assert dataclasses.replace(lm.cfg, rms_eps=1e-6) == ModelConfig.from_hf(hf.config.to_dict())
+    assert lm.cfg.layer_types == ("sliding_attention",) * 5 + ("full_attention",)
+    sd = hf.state_dict()
+    for k, v in lm.model.state_dict().items():
+        torch.testing.assert_close(v, sd[k], rtol=0, atol=1e-7, msg=k)  # the +1 shift undone
+    ids = prompt(seed=3, n=SEQ)
+    lm.model.setup_cache(SEQ)
+    torch.testing.assert_close(our_logits(lm.model, ids), hf_logits(hf, ids), rtol=0, atol=2e-5)
+    again = load_model(str(path), cache_dir=tmp_path / "cache")  # the converted directory
+    assert again.fingerprint == lm.fingerprint and again.tokenizer.add_bos
+    assert torch.equal(again.model.model.norm.weight, lm.model.model.norm.weight)
+
+
+def test_gguf_weights_match_transformers_gguf_loader(gguf_pair: tuple[Any, Path]) -> None:
+    _, path = gguf_pair
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
+    ours = load_model(str(path), cache_dir=path.parent / "cache").model.state_dict()
+    theirs = ref.state_dict()
+    for k, v in ours.items():
+        assert torch.equal(v, theirs[k]), k
+
+
+TEXTS = [
+    "abc de",
+    "  hi\n\nab",
+    "a  b   c",
+    "",
+    " ",
+    "hi<start_of_turn>ab<end_of_turn>\n",
+    "xyz 日本",
+    "\n\n\nabc",
+    "ed ca abcde",
+    "\u00e9\u00e8 \U0001f917",
+    "<bos>ab",
+    "<unk> <mask>",
+    "\t\tabc",
+]
+
+
+def test_gguf_tokenizer_matches_transformers(gguf_pair: tuple[Any, Path]) -> None:
+    _, path = gguf_pair
+    ref = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tok = load_model(str(path), cache_dir=path.parent / "cache").tokenizer
+    assert tok.vocab_size == len(ref) == len(TOKENS)
+    for text in TEXTS:
+        ids = tok.encode_prompt(text, chat=False)
+        assert ids == ref(text)["input_ids"], text
+        assert ids[0] == 2  # <bos>: Gemma needs it
+        assert tok.decode(ids) == ref.decode(ids, skip_special_tokens=True), text
+    assert tok.encode("  hi\n\nab")[:2] == [TOKENS.index("  "), TOKENS.index("hi")]
+
+
+def test_chat_prompt_without_template_runs_as_plain_text(gguf_pair: tuple[Any, Path]) -> None:
+    _, path = gguf_pair
+    tok = load_model(str(path), cache_dir=path.parent / "cache").tokenizer
+    assert tok.chat_template is None
+    plain = [2, TOKENS.index("ab")]
+    assert tok.encode_prompt("ab", chat=True) == tok.encode_prompt("ab", chat=False) == plain

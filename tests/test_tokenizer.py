@@ -10,7 +10,7 @@ import pytest
 
 from specpilot.errors import ConfigError, ModelLoadError
 from specpilot.loading.gguf_file import bytes_to_unicode, tokenizer_from_gguf
-from specpilot.tokenizer import StreamDecoder, Tokenizer
+from specpilot.tokenizer import StreamDecoder, Tokenizer, chat_fallback_notice
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = [
@@ -169,10 +169,16 @@ def test_chat_template_environment_matches_transformers() -> None:
         t.apply_chat_template([])
 
 
-def test_no_chat_template_is_a_config_error() -> None:
+def test_no_chat_template_runs_chat_prompts_as_plain_text() -> None:
     t = tiny_tokenizer(**{"tokenizer.chat_template": None})
-    with pytest.raises(ConfigError, match="no chat template"):
-        t.encode_prompt("hi", chat=True)
+    assert t.encode_prompt("hi", chat=True) == t.encode_prompt("hi", chat=False) == t.encode("hi")
+    assert chat_fallback_notice(t, [False, True, True]) == (
+        "this model has no chat template: 2 chat prompts run as plain text"
+    )
+    assert chat_fallback_notice(t, [False]) is None
+    assert chat_fallback_notice(tiny_tokenizer(), [True]) is None  # it has a template
+    with pytest.raises(ConfigError, match="no chat template"):  # messages API: no invention
+        t.apply_chat_template([{"role": "user", "content": "hi"}])
 
 
 def test_save_from_dir_round_trip(tok: Tokenizer, tmp_path: Path) -> None:

@@ -253,6 +253,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     cand = candidates[0] if candidates else None
     tok = loaded.tokenizer
     ids = tok.encode_prompt(args.prompt, chat=args.chat)
+    note_chat_fallback(tok, [args.chat])
     gen = GenerationConfig(
         max_new_tokens=args.max_new_tokens,
         stop_on_eos=not args.ignore_eos,
@@ -309,6 +310,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     loaded, engine, candidates, peers = _setup(args, hf_peers="hf" in args.peers)
     tok = loaded.tokenizer
     encoded = [(p.id, tok.encode_prompt(p.text, chat=p.chat)) for p in prompts]
+    note_chat_fallback(tok, [p.chat for p in prompts])
     if args.batch_size is not None:
         return _bench_batch(args, loaded, engine, candidates, encoded)
     console = progress_console()
@@ -398,6 +400,15 @@ def _bench_batch(
         out = {**res.to_json(), "model": loaded.source, "threads": args.threads}
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0 if res.lossless else 1
+
+
+def note_chat_fallback(tok: Any, chat_flags: list[bool]) -> None:
+    """One line on stderr when chat prompts run as plain text (the model has no chat template)."""
+    from specpilot.tokenizer import chat_fallback_notice
+
+    note = chat_fallback_notice(tok, chat_flags)
+    if note:
+        print(f"specpilot: note: {note}", file=sys.stderr)
 
 
 def progress_console() -> Any:

@@ -8,8 +8,10 @@ detokenizer for streaming that never emits half of a multi-byte character (the p
 scheme of vLLM's ``detokenize_incrementally``).
 
 A tokenizer directory is the Hugging Face layout: ``tokenizer.json`` and, optionally,
-``tokenizer_config.json`` (``chat_template``, ``bos_token``, ``eos_token``) or
-``chat_template.jinja``.
+``tokenizer_config.json`` (``chat_template``, ``bos_token``, ``eos_token``, ``add_bos_token``)
+or ``chat_template.jinja``. With ``add_bos_token`` (Gemma) plain-text prompts start with BOS; a
+chat template writes its own. A ``chat`` prompt on a model without a chat template is encoded as
+plain text, and :func:`chat_fallback_notice` gives the one line the CLI shows about it.
 """
 
 from __future__ import annotations
@@ -78,10 +80,12 @@ class Tokenizer:
         chat_template: str | None = None,
         bos_id: int | None = None,
         eos_ids: Iterable[int] = (),
+        add_bos: bool = False,
     ) -> None:
         self.backend = backend
         self.chat_template = chat_template
         self.bos_id = bos_id
+        self.add_bos = add_bos and bos_id is not None  # plain-text prompts start with BOS
         self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos_ids))
         self._compiled: tuple[str, jinja2.Template] | None = None
         self._fingerprint: str | None = None
@@ -129,6 +133,7 @@ class Tokenizer:
             chat_template=template if isinstance(template, str) else None,
             bos_id=bos_id,
             eos_ids=[*eos_ids, *extra_eos_ids],
+            add_bos=tcfg.get("add_bos_token") is True,
         )
 
     def tokenizer_config(self) -> dict[str, Any]:
@@ -140,6 +145,8 @@ class Tokenizer:
             d["eos_token"] = self.backend.id_to_token(self.eos_ids[0])
         if self.chat_template is not None:
             d["chat_template"] = self.chat_template
+        if self.add_bos:
+            d["add_bos_token"] = True
         return d
 
     def save(self, path: str | Path) -> None:
@@ -196,10 +203,13 @@ class Tokenizer:
             raise ConfigError(f"chat template rejected the messages: {e}") from None
 
     def encode_prompt(self, text: str, chat: bool) -> list[int]:
-        """Ids of ``text``, wrapped as one user message by the chat template when ``chat``."""
-        if chat:
-            text = self.apply_chat_template([{"role": "user", "content": text}])
-        return self.encode(text)
+        """Ids of ``text``, wrapped as one user message by the chat template when ``chat`` and
+        the model has one (else plain text: see :func:`chat_fallback_notice`); plain text gets
+        a leading BOS when :attr:`add_bos`."""
+        if chat and self.chat_template is not None:
+            return self.encode(self.apply_chat_template([{"role": "user", "content": text}]))
+        ids = self.encode(text)
+        return [int(self.bos_id), *ids] if self.add_bos else ids  # type: ignore[arg-type]
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -217,6 +227,16 @@ class Tokenizer:
             f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
             f"eos_ids={self.eos_ids}, chat_template={self.chat_template is not None})"
         )
+
+
+def chat_fallback_notice(tokenizer: Tokenizer, chat_flags: Iterable[bool]) -> str | None:
+    """The one-line notice for ``chat`` prompts on a model without a chat template (they run as
+    plain text; no template is invented), or None when there is nothing to say."""
+    n = sum(1 for c in chat_flags if c)
+    if n == 0 or tokenizer.chat_template is not None:
+        return None
+    what = "the chat prompt runs" if n == 1 else f"{n} chat prompts run"
+    return f"this model has no chat template: {what} as plain text"
 
 
 class StreamDecoder:

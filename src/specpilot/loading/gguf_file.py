@@ -6,6 +6,7 @@ converter permutes the rows of the Q and K projections of Llama-architecture mod
 rotates interleaved pairs, Hugging Face rotates halves: ``convert_hf_to_gguf.py``,
 ``LlamaModel.permute``); :func:`unpermute_qk` undoes it, as transformers'
 ``LlamaTensorProcessor._reverse_permute_weights`` does. Qwen2/Qwen3 files are not permuted.
+Gemma 3 (names, norm shift, config keys, tokenizer): :mod:`specpilot.loading.gemma_gguf`.
 
 Config. From the ``<arch>.*`` keys (block_count, embedding_length, attention.head_count, ...);
 the embedding is tied when the file has no ``output.weight``.
@@ -35,9 +36,10 @@ from torch import Tensor
 
 from specpilot.config import ModelConfig
 from specpilot.errors import ModelLoadError
+from specpilot.loading import gemma_gguf
 from specpilot.tokenizer import Tokenizer
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", gemma_gguf.ARCH)
 
 _PARSE_ERRORS = (ValueError, OSError, IndexError, KeyError, EOFError, struct.error)
 """What GGUFReader / dequantize raise on a truncated or garbage file."""
@@ -63,14 +65,15 @@ _BLOCK_NAMES = {
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     """Our (Hugging Face) parameter name for a GGUF tensor name; None if unknown."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _BLOCK_RE.fullmatch(gguf_name)
-    if m is None or m.group(2) not in _BLOCK_NAMES:
+    names = {**_BLOCK_NAMES, **gemma_gguf.BLOCK_NAMES} if arch == gemma_gguf.ARCH else _BLOCK_NAMES
+    if m is None or m.group(2) not in names:
         return None
-    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -174,17 +177,21 @@ def config_from_gguf(
     ]
     head_dim = int(meta.get(f"{arch}.attention.key_length", 0))
     dim = int(_get(meta, f"{arch}.embedding_length", source))
+    n_layers = int(_get(meta, f"{arch}.block_count", source))
     rope_dims = meta.get(f"{arch}.rope.dimension_count")
     if rope_dims is not None and int(rope_dims) != (head_dim or dim // n_heads):
         raise ModelLoadError(
             f"{source}: partial rotary embeddings (rope.dimension_count "
             f"{rope_dims}) are not supported"
         )
+    gemma = {}
+    if arch == gemma_gguf.ARCH:
+        gemma = gemma_gguf.config_fields(meta, n_layers, head_dim or dim // n_heads, dim)
     return ModelConfig(
         arch=ours,
         vocab_size=int(shapes["token_embd.weight"][0]),
         dim=dim,
-        n_layers=int(_get(meta, f"{arch}.block_count", source)),
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv,
         intermediate_size=int(_get(meta, f"{arch}.feed_forward_length", source)),
@@ -198,6 +205,7 @@ def config_from_gguf(
         qk_norm="blk.0.attn_q_norm.weight" in shapes,
         bos_token_id=meta.get(tok + "bos_token_id"),
         eos_token_ids=tuple(dict.fromkeys(int(i) for i in eos)),
+        **gemma,
     )
 
 
@@ -372,12 +380,14 @@ def read_gguf(path: Path) -> GGUFContents:
         raise ModelLoadError(_parse_failure(path, e)) from None
     shapes = {t.name: tuple(int(s) for s in reversed(t.shape.tolist())) for t in tensors}
     cfg = config_from_gguf(meta, shapes, path)
-    tokenizer = tokenizer_from_gguf(meta, path)
-    permute = meta["general.architecture"] == "llama"
+    arch = meta["general.architecture"]
+    gemma = arch == gemma_gguf.ARCH
+    tokenizer = (gemma_gguf.tokenizer_from_gguf if gemma else tokenizer_from_gguf)(meta, path)
+    permute = arch == "llama"
     state: dict[str, Tensor] = {}
     unknown = []
     for t in tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, arch)
         if name is None:
             unknown.append(t.name)
             continue
@@ -393,6 +403,8 @@ def read_gguf(path: Path) -> GGUFContents:
                 f"its header says {shapes[t.name]}; download or convert the model again"
             )
         w = w.reshape(shapes[t.name])
+        if gemma and gemma_gguf.shifts_norm(t.name):
+            w = w - np.float32(1.0)
         if permute and ".attn_q." in t.name:
             w = unpermute_qk(w, cfg.n_heads)
         elif permute and ".attn_k." in t.name:
