@@ -163,91 +163,106 @@ def run_bench(
     peers: Sequence[Peer] = (),
     progress: ProgressFn | None = None,
 ) -> BenchResult:
-    """Benchmark ``prompts`` (id, token ids): the AR reference, each candidate, each peer."""
+    """Benchmark ``prompts`` (id, token ids): the AR reference, each candidate, each peer,
+    interleaved per prompt; ``cfg.repeats`` timed rounds, medians reported."""
     if not prompts:
         raise ConfigError("no prompts to benchmark")
-    gen = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_on_eos=cfg.stop_on_eos)
-    ref_gen = GenerationConfig(
-        max_new_tokens=cfg.max_new_tokens, stop_on_eos=cfg.stop_on_eos, record_margins=True
-    )
     warm_gen = GenerationConfig(max_new_tokens=min(8, cfg.max_new_tokens), stop_on_eos=False)
     engine.generate(prompts[0][1], warm_gen, eos_ids=eos_ids)
     for c in candidates:
         engine.generate(
             prompts[0][1], warm_gen, drafter=c.make_drafter(), spec=c.spec, eos_ids=eos_ids
         )
-
-    refs: list[Reference] = []
-    outs: dict[str, dict[str, list[int]]] = {c.name: {} for c in candidates}
-    runs: dict[str, list[GenerationResult]] = {c.name: [] for c in candidates}
-    peer_ident: dict[str, int] = {p.name: 0 for p in peers}
-    rounds_ar: list[float] = []
-    rounds_c: dict[str, list[float]] = {c.name: [] for c in candidates}
-    rounds_peer: dict[str, list[float]] = {p.name: [] for p in peers}
-    total = cfg.repeats * len(prompts)
+    col = _Collected(candidates, peers)
     for rnd in range(cfg.repeats):
-        first = rnd == 0
-        drafters = {c.name: c.make_drafter() for c in candidates}
-        ar = _Tally()
-        ct = {c.name: _Tally() for c in candidates}
-        pt = {p.name: _Tally() for p in peers}
-        for i, (pid, ids) in enumerate(prompts):
-            t = time.perf_counter()
-            ref = engine.generate(ids, ref_gen if first else gen, eos_ids=eos_ids)
-            ar.add(len(ref.tokens), time.perf_counter() - t)
-            if first:
-                refs.append(Reference(pid, tuple(ref.tokens), tuple(ref.margins)))
-            for c in candidates:
-                t = time.perf_counter()
-                res = engine.generate(
-                    ids, gen, drafter=drafters[c.name], spec=c.spec, eos_ids=eos_ids
-                )
-                ct[c.name].add(len(res.tokens), time.perf_counter() - t)
-                if first:
-                    outs[c.name][pid] = res.tokens
-                    runs[c.name].append(res)
-            for peer in peers:
-                t = time.perf_counter()
-                toks = peer.generate(ids, cfg.max_new_tokens, eos_ids if cfg.stop_on_eos else ())
-                pt[peer.name].add(len(toks), time.perf_counter() - t)
-                if first:
-                    peer_ident[peer.name] += int(list(toks) == ref.tokens)
-            if progress is not None:
-                progress(pid, rnd * len(prompts) + i + 1, total)
-        rounds_ar.append(ar.tok_s)
-        for name, tally in ct.items():
-            rounds_c[name].append(tally.tok_s)
-        for name, tally in pt.items():
-            rounds_peer[name].append(tally.tok_s)
-
-    ar_tok_s = statistics.median(rounds_ar)
+        _bench_round(engine, prompts, candidates, peers, cfg, eos_ids, col, rnd, progress)
+    ar_tok_s = statistics.median(col.rounds_ar)
     results = [
         _candidate_result(
             c,
-            runs[c.name],
-            check(refs, outs[c.name], strict=cfg.strict),
-            rounds_c[c.name],
+            col.runs[c.name],
+            check(col.refs, col.outs[c.name], strict=cfg.strict),
+            col.rounds_c[c.name],
             ar_tok_s,
         )
         for c in candidates
     ]
+    n = len(prompts)
     return BenchResult(
-        n_prompts=len(prompts),
+        n_prompts=n,
         max_new_tokens=cfg.max_new_tokens,
         ar_tok_s=ar_tok_s,
         candidates=results,
         peers={
-            name: PeerStats(
-                statistics.median(rounds_peer[name]),
-                peer_ident[name] == len(prompts),
-                peer_ident[name],
-                len(prompts),
-            )
-            for name in peer_ident
+            name: PeerStats(statistics.median(col.rounds_peer[name]), same == n, same, n)
+            for name, same in col.peer_ident.items()
         },
-        rounds_ar_tok_s=rounds_ar,
-        tokens_generated=sum(len(r.tokens) for r in refs),
+        rounds_ar_tok_s=col.rounds_ar,
+        tokens_generated=sum(len(r.tokens) for r in col.refs),
     )
+
+
+class _Collected:
+    """What the rounds of :func:`run_bench` gather: references and outputs of the first round,
+    tokens/s per round."""
+
+    def __init__(self, candidates: Sequence[Candidate], peers: Sequence[Peer]) -> None:
+        self.refs: list[Reference] = []
+        self.outs: dict[str, dict[str, list[int]]] = {c.name: {} for c in candidates}
+        self.runs: dict[str, list[GenerationResult]] = {c.name: [] for c in candidates}
+        self.peer_ident: dict[str, int] = {p.name: 0 for p in peers}
+        self.rounds_ar: list[float] = []
+        self.rounds_c: dict[str, list[float]] = {c.name: [] for c in candidates}
+        self.rounds_peer: dict[str, list[float]] = {p.name: [] for p in peers}
+
+
+def _bench_round(
+    engine: Engine,
+    prompts: Sequence[tuple[str, list[int]]],
+    candidates: Sequence[Candidate],
+    peers: Sequence[Peer],
+    cfg: BenchConfig,
+    eos_ids: tuple[int, ...],
+    col: _Collected,
+    rnd: int,
+    progress: ProgressFn | None,
+) -> None:
+    """One timed round: per prompt the reference, then every candidate, then every peer."""
+    first = rnd == 0
+    gen = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_on_eos=cfg.stop_on_eos)
+    ref_gen = GenerationConfig(
+        max_new_tokens=cfg.max_new_tokens, stop_on_eos=cfg.stop_on_eos, record_margins=True
+    )
+    drafters = {c.name: c.make_drafter() for c in candidates}
+    ar = _Tally()
+    ct = {c.name: _Tally() for c in candidates}
+    pt = {p.name: _Tally() for p in peers}
+    for i, (pid, ids) in enumerate(prompts):
+        t = time.perf_counter()
+        ref = engine.generate(ids, ref_gen if first else gen, eos_ids=eos_ids)
+        ar.add(len(ref.tokens), time.perf_counter() - t)
+        if first:
+            col.refs.append(Reference(pid, tuple(ref.tokens), tuple(ref.margins)))
+        for c in candidates:
+            t = time.perf_counter()
+            res = engine.generate(ids, gen, drafter=drafters[c.name], spec=c.spec, eos_ids=eos_ids)
+            ct[c.name].add(len(res.tokens), time.perf_counter() - t)
+            if first:
+                col.outs[c.name][pid] = res.tokens
+                col.runs[c.name].append(res)
+        for peer in peers:
+            t = time.perf_counter()
+            toks = peer.generate(ids, cfg.max_new_tokens, eos_ids if cfg.stop_on_eos else ())
+            pt[peer.name].add(len(toks), time.perf_counter() - t)
+            if first:
+                col.peer_ident[peer.name] += int(list(toks) == ref.tokens)
+        if progress is not None:
+            progress(pid, rnd * len(prompts) + i + 1, cfg.repeats * len(prompts))
+    col.rounds_ar.append(ar.tok_s)
+    for name, tally in ct.items():
+        col.rounds_c[name].append(tally.tok_s)
+    for name, tally in pt.items():
+        col.rounds_peer[name].append(tally.tok_s)
 
 
 def _candidate_result(
