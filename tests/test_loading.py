@@ -331,7 +331,7 @@ def test_missing_path() -> None:
         load_model("/no/such/model")
     assert str(e.value) == (
         "model path not found: /no/such/model; pass a Hugging Face model directory, a .gguf "
-        "file, or one of: smollm2-135m"
+        "file, or one of: smollm2-135m, gemma3-270m"
     )
 
 
