@@ -90,3 +90,25 @@ def test_draft_vocab_cuts_the_draft_head() -> None:
     d2 = full.make_drafter()
     taus = [full.engine.generate(p, GEN, drafter=d2, spec=full.spec).tau for p in PROMPTS]
     assert sum(r.tau for r in runs) < sum(taus)  # ids >= 100 can no longer be drafted
+
+
+@pytest.mark.parametrize("order", [("hybrid_drafting", "adaptive_draft"),
+                                   ("adaptive_draft", "hybrid_drafting")])
+def test_configure_hooks_run_in_registry_order(order: tuple[str, str]) -> None:
+    """Every runtime option goes through its mechanism's configure hook, in registry order, so
+    the drafter wrappers nest the same whatever order the plan file lists them in."""
+    from specpilot.drafters.adaptive import ConfidenceDrafter
+    from specpilot.drafters.hybrid import HybridDrafter
+    from specpilot.mechanisms.base import RuntimeMechanism
+
+    raw = {
+        "hybrid_drafting": {"fallback": "lookup", "min_nodes": 1},
+        "adaptive_draft": {"threshold": 0.2, "min_nodes": 1},
+    }
+    plan = Plan(drafter="suffix", options={k: raw[k] for k in order})
+    d = build(plan, loaded()).make_drafter()
+    assert isinstance(d, ConfidenceDrafter) and isinstance(d.inner, HybridDrafter)
+    assert all(isinstance(get(k), RuntimeMechanism) for k in raw)
+    assert not isinstance(get("chain_length"), RuntimeMechanism)
+    with pytest.raises(ConfigError, match="keeps no runtime options"):
+        build(Plan(options={"chain_length": {"k": 3}}), loaded())

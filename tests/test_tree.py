@@ -123,3 +123,72 @@ def test_parse_paths() -> None:
     assert TreeSpec.parse_paths("[[0],[0,1]]") == ((0,), (0, 1))
     with pytest.raises(ConfigError):
         TreeSpec.parse_paths("0;x")
+
+
+# -- the one tree builder ---------------------------------------------------------------------
+
+
+def _table_children(seed: int, vocab: int = 6):
+    """A children function over a fixed random distribution per path (state = the path)."""
+    import math
+
+    from specpilot.tree import GrowingTree
+
+    cache: dict[tuple[int, ...], list[tuple[float, int]]] = {}
+
+    def dist(path: tuple[int, ...]) -> list[tuple[float, int]]:
+        if path not in cache:
+            g = torch.Generator().manual_seed(seed * 1_000_003 + hash(path) % 1_000_003)
+            lp = torch.log_softmax(torch.randn(vocab, generator=g), -1).tolist()
+            cache[path] = sorted(((v, t) for t, v in enumerate(lp)), key=lambda x: (-x[0], x[1]))
+        return cache[path]
+
+    def children(nodes: GrowingTree, frontier: list[int], width: int):
+        out = []
+        for i in frontier:
+            path = () if i < 0 else nodes.states[i]
+            out.append([(v, t, (*path, t)) for v, t in dist(path)[:width]])
+        return out
+
+    return children, dist, math
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize(("budget", "depth"), [(1, 1), (5, 3), (12, 4), (30, 6)])
+def test_best_first_keeps_the_most_probable_nodes(seed: int, budget: int, depth: int) -> None:
+    """The best-first tree is exactly the ``budget`` most probable paths within ``depth``
+    (brute force over every path), parents before children."""
+    from specpilot.tree import build_tree
+
+    children, dist, _ = _table_children(seed)
+    spec = TreeSpec(kind="dynamic", budget=budget, topk=6, depth=depth)
+    tree = build_tree(children, spec, width=6)
+    every: list[tuple[float, tuple[int, ...]]] = []
+    frontier: list[tuple[float, tuple[int, ...]]] = [(0.0, ())]
+    for _ in range(depth):
+        nxt = [(s + v, (*p, t)) for s, p in frontier for v, t in dist(p)]
+        every += nxt
+        frontier = nxt
+    best = sorted(s for s, _ in every)[::-1][:budget]
+    got = sorted(tree.scores.tolist())[::-1]
+    assert got == pytest.approx(best, abs=1e-5)  # scores are stored as float32
+    assert all(p < i for i, p in enumerate(tree.parents.tolist()))
+
+
+def test_rank_paths_and_levels_follow_the_spec() -> None:
+    from specpilot.tree import build_tree, grow_levels
+
+    children, dist, math = _table_children(7)
+    chain = build_tree(children, TreeSpec(kind="chain", k=4))
+    want, path = [], ()
+    for _ in range(4):  # the argmax continuation at every depth
+        t = dist(path)[0][1]
+        want.append(t)
+        path = (*path, t)
+    assert chain.tokens.tolist() == want and chain.parents.tolist() == [-1, 0, 1, 2]
+    static = build_tree(children, TreeSpec(kind="static", paths=((0,), (1,), (0, 0), (1, 0))))
+    assert static.size == 4 and static.depths.tolist().count(2) == 2
+    nodes = grow_levels(children, 2, 3)
+    assert len(nodes) == 2 + 4 + 4  # 2 roots; the 2 best of each level expanded by 2
+    cut = grow_levels(children, 2, 3, min_logp=0.0)  # nothing reaches probability 1
+    assert len(cut) == 2 and not math.isinf(cut.scores[0])
