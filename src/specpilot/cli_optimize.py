@@ -27,7 +27,9 @@ from specpilot.errors import ConfigError
 DESCRIPTION = (
     "Optimize a decoding plan: each round profiles the current plan (tau / kernel / overhead), "
     "explores mechanisms for the largest factor in token-forced, parent-timed trial "
-    "subprocesses, and keeps only lossless changes faster than the measured spread."
+    "subprocesses, and keeps only lossless changes faster than the measured spread (a speedup "
+    "above the cost model's ceiling is flagged and re-measured first). Ctrl-C stops cleanly "
+    "(the trial in flight is recorded as INTERRUPTED); --resume DIR continues."
 )
 DEFAULT_WORKLOADS = ("humaneval", "chat")
 DEFAULT_MEMORY = "~/.cache/specpilot/memory.sqlite"

@@ -37,8 +37,6 @@ from pathlib import Path
 from time import monotonic as _monotonic
 from typing import Any, Protocol
 
-import psutil
-
 MAX_FRAME = 64 << 20
 TOKEN_ENV = "SPECPILOT_TRIAL_TOKEN"
 _HEADER = struct.Struct(">I")
@@ -263,6 +261,8 @@ class ChildProcess:
 
 
 def _descendants(root: int) -> list[int]:
+    import psutil  # not at import time: the trial child imports this module for framing only
+
     try:
         return [p.pid for p in psutil.Process(root).children(recursive=True)]
     except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -271,6 +271,8 @@ def _descendants(root: int) -> list[int]:
 
 def _carrying(token: str) -> list[int]:
     """Processes whose environment holds ``TOKEN_ENV=token`` (readable ones: our own user's)."""
+    import psutil
+
     me = os.getpid()
     found = []
     for p in psutil.process_iter():
