@@ -23,6 +23,15 @@ Verification, all by one loop over siblings (children of the current node, in tr
     p <- norm(max(0, p - q_i)) and try the next sibling.
 In each case the committed token at a node is distributed exactly as p (tests check it with a
 chi-square test), so the output distribution equals plain sampling from the target.
+
+Seeds. :class:`Sampler` gives each sequence its own generator and draws from it in a fixed order:
+one uniform per committed token, turned into the token by the inverse CDF of p
+(:func:`verify_tree_matching`: a deterministic draft is accepted when it is the token the target
+samples there). The token at output position i is then a function of the seed, i and the prefix
+alone - not of the draft trees, which change with the batch's composition and node budget - so a
+seeded request gives the same text alone, in any batch, and with or without speculation. Drafts
+that carry their sampling distribution q keep the rejection test above (more of them accepted);
+their output is reproducible for the same trees only.
 """
 
 from __future__ import annotations
@@ -102,6 +111,18 @@ def uniform(gen: torch.Generator) -> float:
     return float(torch.rand(1, generator=gen, dtype=torch.float64))
 
 
+def inverse_cdf(probs: Tensor, u: float) -> int:
+    """The token whose slice of the cumulative distribution holds ``u`` in [0, 1): a sample from
+    ``probs`` (V,) when ``u`` is uniform; a token of zero probability is never returned.
+
+    >>> [inverse_cdf(torch.tensor([0.25, 0.0, 0.75], dtype=torch.float64), u) for u in (0.1, 0.3)]
+    [0, 2]
+    """
+    cdf = probs.cumsum(-1)
+    x = torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype)
+    return min(int(torch.searchsorted(cdf, x, right=True)), probs.shape[-1] - 1)
+
+
 def residual(p: Tensor, q: Tensor | None, token: int) -> Tensor:
     """norm(max(0, p - q)) after a rejection; a point-mass draft (q None) zeroes p(token).
 
@@ -157,6 +178,31 @@ def verify_tree_sampling(
         node = nxt
 
 
+def verify_tree_matching(
+    tree: DraftTree, logits: Tensor, params: SamplingParams, gen: torch.Generator
+) -> Acceptance:
+    """Deterministic drafts, one draw of ``gen`` per committed token: at each node the target's
+    own sample (:func:`inverse_cdf` of p at the next uniform) is committed, and the walk goes on
+    into the child drafting that token, if any. Every committed token is distributed as p, so
+    this is lossless (it accepts a point-mass draft x with probability p(x), as the rejection
+    test does); and the tokens are those of plain sampling with the same draws, whatever the tree.
+    """
+    assert logits.shape[0] == tree.size + 1, (logits.shape, tree.size)
+    kids = tree.children()
+    toks = tree.tokens.tolist()
+    path: list[int] = []
+    out: list[int] = []
+    node = -1
+    while True:
+        t = inverse_cdf(target_probs(logits[node + 1], params), uniform(gen))
+        out.append(t)
+        nxt = next((c for c in kids[node + 1] if toks[c] == t), None)
+        if nxt is None:
+            return Acceptance(tuple(path), tuple(out))
+        path.append(nxt)
+        node = nxt
+
+
 def verify_chain_sampling(
     draft: list[int],
     logits: Tensor,
@@ -169,7 +215,8 @@ def verify_chain_sampling(
 
 
 class Sampler:
-    """Per-sequence choice of tokens: greedy (argmax) or seeded lossless sampling."""
+    """Per-sequence choice of tokens: greedy (argmax) or seeded lossless sampling from the
+    sequence's own generator, one draw per committed token (see the module docstring)."""
 
     def __init__(self, params: SamplingParams | None = None) -> None:
         self.params = params or SamplingParams()
@@ -186,10 +233,12 @@ class Sampler:
         """The token after the prompt from its last row of logits (V,)."""
         if self.greedy:
             return int(logits.argmax())
-        return sample(target_probs(logits.cpu(), self.params), self.gen)
+        return inverse_cdf(target_probs(logits.cpu(), self.params), uniform(self.gen))
 
     def verify(self, tree: DraftTree, logits: Tensor) -> Acceptance:
         """Accept a path of ``tree`` from its verify logits (N+1, V)."""
         if self.greedy:
             return verify_greedy(tree, logits.argmax(-1).tolist())
+        if tree.q is None:  # point-mass drafts: the same tokens whatever the tree
+            return verify_tree_matching(tree, logits.cpu(), self.params, self.gen)
         return verify_tree_sampling(tree, logits.cpu(), self.params, self.gen)
