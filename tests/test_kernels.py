@@ -165,7 +165,7 @@ def test_rows_bit_identical_across_counts_positions_threads_tiles(
 
 
 def test_thread_split_does_not_change_bits() -> None:
-    """Large enough that two threads really split the columns (grain: 4 columns)."""
+    """Large enough that two threads really split the columns (grain here: 16 columns)."""
     n, k, m = 61, 512, 32
     raw = as_tensor(random_weight("Q4_K", n, k, 13))
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(14))
@@ -279,3 +279,97 @@ def test_custom_op_traces_under_torch_compile() -> None:
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(24))
     compiled = torch.compile(lin, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x), lin(x))
+
+
+# -- integration: load_model(weights="native") -----------------------------------------------
+
+NATIVE_QUANT = {
+    "token_embd.weight": T.Q8_0,
+    "blk.0.attn_q.weight": T.Q4_0,  # q/k/v of mixed types: three separate native linears
+    "blk.0.attn_k.weight": T.Q8_0,
+    "blk.0.attn_v.weight": T.F16,
+    "blk.0.attn_output.weight": T.Q5_0,
+    "blk.0.ffn_gate.weight": T.Q4_1,
+    "blk.0.ffn_up.weight": T.Q4_1,
+    "blk.0.ffn_down.weight": T.Q8_0,
+    "blk.1.attn_q.weight": T.Q4_1,  # same type: fused q/k/v
+    "blk.1.attn_k.weight": T.Q4_1,
+    "blk.1.attn_v.weight": T.Q4_1,
+    "blk.1.attn_output.weight": T.BF16,
+    "blk.1.ffn_gate.weight": T.Q8_0,
+    "blk.1.ffn_up.weight": T.Q5_0,
+    "blk.1.ffn_down.weight": T.Q5_1,  # no native kernel: dequantized, dense F32 kernel
+}
+
+
+@pytest.fixture(scope="module")
+def native_gguf(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from .conftest import tiny_model
+    from .test_loading import VOCAB, write_gguf
+
+    tmp = tmp_path_factory.mktemp("native")
+    src = tiny_model("llama", seed=7, std=0.12, vocab=VOCAB, dim=64, intermediate_size=128)
+    path = tmp / "tiny.gguf"
+    write_gguf(path, src, quant=NATIVE_QUANT)
+    return path, tmp / "cache"
+
+
+def test_native_load_runs_the_file_blocks(native_gguf) -> None:  # type: ignore[no-untyped-def]
+    from specpilot.loading import load_model
+
+    path, cache_dir = native_gguf
+    fp32 = load_model(str(path), cache_dir=cache_dir)
+    nat = load_model(str(path), cache_dir=cache_dir, weights="native")
+    m = nat.model
+    assert m.native and not fp32.model.native
+    assert nat.notes == ("blk.1.ffn_down.weight: Q5_1 has no native kernel, dequantized",)
+    att0, att1 = m.model.layers[0].self_attn, m.model.layers[1].self_attn
+    assert att0.qkv is None and isinstance(att0.q_proj, kernels.GGUFLinear)
+    assert isinstance(att1.qkv, kernels.GGUFLinear) and att1.qkv.qtype == qt("Q4_1")
+    assert isinstance(m.lm_head, kernels.GGUFLinear) and m.lm_head.qtype == qt("Q8_0")
+    assert isinstance(m.model.embed_tokens, kernels.GGUFEmbedding)
+    # the native modules hold exactly the fp32 model's (un-permuted, dequantized) weights
+    ref = fp32.model.state_dict()
+    w = att1.qkv.weight
+    qkv = [ref[f"model.layers.1.self_attn.{x}_proj.weight"] for x in "qkv"]
+    assert torch.equal(w, torch.cat(qkv))
+    assert torch.equal(att0.k_proj.weight, ref["model.layers.0.self_attn.k_proj.weight"])
+    assert torch.equal(m.model.embed_tokens.weight, ref["model.embed_tokens.weight"])
+    assert torch.equal(m.head_weight(), ref["model.embed_tokens.weight"])  # tied
+    for lm in (fp32.model, m):
+        lm.setup_cache(32, attention="exact")
+    toks = torch.tensor([[1, 5, 9, 2, 7]])
+    pos = torch.arange(5)[None]
+    a = fp32.model(toks, pos, 0, 5).logits
+    b = m(toks, pos, 0, 5).logits
+    assert a is not None and b is not None
+    assert torch.allclose(a, b, atol=1e-4) and not torch.equal(a, b)  # other order, same model
+
+
+def test_native_greedy_speculative_equals_plain(native_gguf) -> None:  # type: ignore[no-untyped-def]
+    from specpilot.drafters import make_drafter
+    from specpilot.engine import Engine, EngineConfig, GenerationConfig
+    from specpilot.loading import load_model
+    from specpilot.tree import TreeSpec
+
+    path, cache_dir = native_gguf
+    target = load_model(str(path), cache_dir=cache_dir, weights="native").model
+    draft = load_model(str(path), cache_dir=cache_dir, weights="native").model
+    gen = GenerationConfig(max_new_tokens=30, stop_on_eos=False)
+    eng = Engine(target, EngineConfig(attention="exact"))
+    assert target.native and not target.prepacked
+    spec = TreeSpec(kind="dynamic", budget=10, topk=3, depth=5)
+    for prompt in ([5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [1, 2, 3, 4, 9, 11], [42]):
+        ref = eng.generate(prompt, gen).tokens
+        for drafter in (make_drafter("suffix"), make_drafter("model", draft=draft)):
+            res = eng.generate(prompt, gen, drafter=drafter, spec=spec)
+            assert res.tokens == ref, (prompt, drafter)
+        assert res.tau >= 2.0  # the model drafter (same weights) gets its drafts accepted
+
+
+def test_native_weights_option_is_validated(native_gguf) -> None:  # type: ignore[no-untyped-def]
+    from specpilot.loading import load_model
+
+    path, cache_dir = native_gguf
+    with pytest.raises(ModelLoadError, match="weights must be one of fp32, native"):
+        load_model(str(path), cache_dir=cache_dir, weights="int4")

