@@ -187,13 +187,17 @@ class _View:
         self.head = "starting"
         self.t0 = time.monotonic()
         self.elapsed0 = 0.0
+        self.done = False
         self.live = Live(self._render(), console=console, refresh_per_second=2, transient=False)
 
     def _render(self) -> Any:
         from rich.console import Group
         from rich.progress_bar import ProgressBar
         from rich.table import Table
+        from rich.text import Text
 
+        if self.done:  # the summary follows on its own lines
+            return Text("")
         used = self.elapsed0 + time.monotonic() - self.t0
         t = Table(title=self.head, expand=False)
         for col in ("mechanism", "params", "from", "status", "speedup", "reason"):
@@ -239,6 +243,7 @@ class _View:
         row = self.rows.setdefault(it.key, [it.mechanism, json.dumps(it.params)[:40], d.kind,
                                             "", "", ""])  # fmt: skip
         row[3] = "running" if d.kind == "explore" else "integrating"
+        self.head = f"round {d.round}: {d.kind} {it.mechanism}"
 
     def _on_trial_done(self, rec: Any) -> None:
         r = rec.result
@@ -259,6 +264,9 @@ class _View:
     def _on_stopping(self, why: str) -> None:
         self.head = "stopping: trials in flight end INTERRUPTED (Ctrl-C again to abort at once)"
         self.console.print(f"stopping: {why}")
+
+    def _on_done(self, d: Any) -> None:
+        self.done = True
 
     def _on_round_end(self, d: Any) -> None:
         kept = ", ".join(f"{k.mechanism} {k.speedup:.3f}x" for k in d.kept)
