@@ -33,12 +33,14 @@ from specpilot.engine import (
     GenerationResult,
     Stopper,
     TokenCallback,
+    join_hidden,
 )
 from specpilot.errors import ConfigError, ContextLengthError
+from specpilot.goodput import Selector, calibrate_curve, calibration_shape
 from specpilot.model import Transformer, kernel_range
 from specpilot.sampling import Sampler
 from specpilot.tree import DraftTree, TreeSpec, subtree
-from specpilot.verify import VerifyRow, prefill, verify_step
+from specpilot.verify import VerifyRow, build_inputs, forward, prefill, verify_step
 
 DEFAULT_BUDGET_TABLE: tuple[tuple[int, int], ...] = ((1, 16), (2, 8), (4, 6), (8, 4), (16, 2))
 """(batch size, draft nodes per sequence): the entry with the largest batch size <= B applies."""
@@ -210,6 +212,8 @@ class BatchEngine:
         self.eos_ids = tuple(eos_ids)
         self.detok = detok
         self.slots: list[Slot] = []
+        self.selector: Selector | None = None
+        """The goodput budget's state (``cfg.goodput``)."""
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -251,6 +255,8 @@ class BatchEngine:
         if self.free <= 0:
             raise ConfigError("no free row in the batch; wait for a sequence to finish")
         self._ensure_cache()
+        if self.cfg.goodput and self.selector is None:
+            self._measure_curve()
         prompt = list(req.prompt)
         spec = req.spec or TreeSpec()
         slot = Slot(
@@ -295,7 +301,12 @@ class BatchEngine:
     # -- one batched step ----------------------------------------------------------------------
 
     def _propose(self) -> list[DraftTree]:
+        sel = self._goodput()
+        if sel is not None and not sel.should_draft():
+            sel.note_skip()
+            return [DraftTree.empty() for _ in self.slots]
         trees = []
+        t0 = time.perf_counter()
         for s in self.slots:
             tree = DraftTree.empty()
             d = s.req.drafter
@@ -304,13 +315,40 @@ class BatchEngine:
                 with kernel_range("drafter"):
                     ctx = DraftContext(s.committed, s.res.prompt_len, s.spec, s.hidden)
                     tree = d.propose(ctx)
+                s.hidden = ()  # the drafter has seen these states
                 s.res.draft_s += time.perf_counter() - td
                 assert tree.size <= s.spec.max_nodes, "drafter returned too many nodes"
             trees.append(tree)
+        if sel is not None:
+            sel.note_draft(time.perf_counter() - t0)
+            return sel.select(trees)
         if any(t.size for t in trees):
             total = self.bcfg.budget.total(len(self.slots))
             trees = allocate_nodes(trees, total, self.bcfg.min_gain)
         return trees
+
+    def _goodput(self) -> Selector | None:
+        """The goodput selector when ``cfg.goodput`` and some running request drafts."""
+        if not self.cfg.goodput or not any(s.req.drafter for s in self.slots):
+            return None
+        return self.selector
+
+    def _measure_curve(self) -> None:
+        """The goodput selector's cost curve, measured once before the first sequence is
+        admitted (the cache rows are all free then)."""
+        assert not self.slots, "the cost curve is measured on an empty cache"
+        c, rows = calibration_shape(self.max_len)
+        width = rows[-1]
+        dev = self.model.device
+
+        def step(rows: int) -> None:
+            tree = DraftTree.chain([0] * (rows - 1))
+            inputs = build_inputs([VerifyRow(0, c, tree)], dev, c + width)
+            forward(self.model, inputs, cache_rows=slice(0, 1))
+
+        cfg = self.cfg
+        self.selector = Selector(calibrate_curve(step, rows), hysteresis=cfg.goodput_hysteresis,
+                                 probe_every=cfg.goodput_probe)
 
     @torch.no_grad()
     def step(self) -> tuple[list[Slot], StepStats]:
@@ -331,14 +369,17 @@ class BatchEngine:
             VerifyRow(s.committed[-1], s.cache_len, tr, s.sampler)
             for s, tr in zip(slots, trees, strict=True)
         ]
+        tv = time.perf_counter()
         outcomes = verify_step(
             self.model, rows, taps, cache_rows=slice(0, len(slots)), scratch=self.max_len - 1
         )
+        if self.selector is not None and self.cfg.goodput:
+            self.selector.observe(trees, [o.path for o in outcomes], time.perf_counter() - tv)
         finished: list[Slot] = []
         accepted: list[int] = []
         for s, tr, o in zip(slots, trees, outcomes, strict=True):
             want = s.req.drafter.hidden_layers if s.req.drafter else ()
-            s.hidden = tuple(o.hidden[taps.index(i)] for i in want)
+            s.hidden = join_hidden(s.hidden, tuple(o.hidden[taps.index(i)] for i in want))
             s.res.steps += 1
             s.res.accept_lengths.append(len(o.path))
             s.res.draft_nodes.append(tr.size)

@@ -99,6 +99,14 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
         "drafter is below this (saves head forwards); 0 = expand all the tree allows (default: "
         f"{UNION_DEFAULTS['min_prob']} in X+suffix, 0 alone)",
     )
+    g.add_argument(
+        "--goodput",
+        action="store_const",
+        const=True,
+        default=None,
+        help="choose the verify budget per step by expected tokens per second, down to plain "
+        "decoding where drafting does not pay (the goodput_budget mechanism)",
+    )
     g.add_argument("--lookup-min-n", type=int, default=None, help="lookup: shortest n-gram (1)")
     g.add_argument("--lookup-max-n", type=int, default=None, help="lookup: longest n-gram (4)")
 
@@ -332,6 +340,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         linear=args.linear,
         device=args.device,
     )
+    if engine.selector is not None:
+        out["goodput"] = engine.selector.summary()
+        console.print(_goodput_line(out["goodput"]))
     _render_bench(console, res)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
@@ -400,6 +411,13 @@ def _bench_batch(
         out = {**res.to_json(), "model": loaded.source, "threads": args.threads}
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0 if res.lossless else 1
+
+
+def _goodput_line(g: dict[str, Any]) -> str:
+    return (
+        f"goodput budget: {g['steps']} steps, {g['plain_steps']} plain; verify step predicted "
+        f"{g['predicted_ms']:.1f} ms, measured {g['actual_ms']:.1f} ms (mean of the last steps)"
+    )
 
 
 def note_chat_fallback(tok: Any, chat_flags: list[bool]) -> None:

@@ -22,10 +22,19 @@ from torch import Tensor
 
 from specpilot.drafters.base import DraftContext, Drafter
 from specpilot.errors import ConfigError, ContextLengthError
+from specpilot.goodput import Selector, calibrate_curve, calibration_shape
 from specpilot.model import ATTENTION_KINDS, LINEAR_KINDS, Transformer, kernel_range
 from specpilot.sampling import Sampler, SamplingParams
 from specpilot.tree import DraftTree, TreeSpec
-from specpilot.verify import StepOutcome, VerifyRow, committed_rows, prefill, verify_step
+from specpilot.verify import (
+    StepOutcome,
+    VerifyRow,
+    build_inputs,
+    committed_rows,
+    forward,
+    prefill,
+    verify_step,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -49,6 +58,13 @@ class EngineConfig:
     """Greedy acceptance as tensor ops on the device, one host read per step."""
     cuda_graphs: bool = False
     """Replay the verify forward from CUDA graphs captured at padded static shapes (GPU only)."""
+    goodput: bool = False
+    """Verify budget by expected tokens per second (:mod:`specpilot.goodput`): per step the
+    draft nodes worth their measured cost, down to plain decoding."""
+    goodput_hysteresis: float = 0.05
+    """A new budget replaces the last one only if predicted this much better."""
+    goodput_probe: int = 8
+    """While plain decoding wins, draft every this many steps to refresh the estimates."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -68,6 +84,8 @@ class EngineConfig:
             raise ConfigError("--device cuda requested but no CUDA device is available")
         if self.cuda_graphs and dev != "cuda":
             raise ConfigError("cuda_graphs needs a CUDA device; drop it from the plan on CPU")
+        if not 0 <= self.goodput_hysteresis < 1 or self.goodput_probe < 1:
+            raise ConfigError("goodput_hysteresis must be in [0, 1) and goodput_probe >= 1")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -159,6 +177,29 @@ class Engine:
                 device_accept=c.device_accept,
                 cuda_graphs=c.cuda_graphs,
             )
+        self.selector: Selector | None = None
+        """The goodput budget's state (``cfg.goodput``), made at the first generate."""
+
+    def _selector(self) -> Selector:
+        """The goodput selector, its cost curve measured once per engine (a few verify forwards
+        at 1..64 rows); the hysteresis state starts afresh per sequence."""
+        if self.selector is None:
+            c, rows = calibration_shape(min(self.context_len, 1024))
+            width = rows[-1]
+            self._ensure_cache(c + width + 1)
+            dev = self.model.device
+
+            def step(rows: int) -> None:
+                tree = DraftTree.chain([0] * (rows - 1))
+                forward(self.model, build_inputs([VerifyRow(0, c, tree)], dev, c + width))
+
+            with torch.no_grad():
+                curve = calibrate_curve(step, rows)
+            cfg = self.cfg
+            self.selector = Selector(curve, hysteresis=cfg.goodput_hysteresis,
+                                     probe_every=cfg.goodput_probe)
+        self.selector.last, self.selector.idle = None, 0
+        return self.selector
 
     def _ensure_cache(self, need: int) -> None:
         m = self.model
@@ -207,6 +248,7 @@ class Engine:
             )
         if gen.stop_strings and detok is None:
             raise ConfigError("stop strings need a detokenizer")
+        sel = self._selector() if self.cfg.goodput and drafter is not None else None
         self._ensure_cache(need)
         res = GenerationResult(prompt_len=len(prompt), tokens=[])
         stopper = Stopper(gen, tuple(eos_ids), detok)
@@ -231,14 +273,24 @@ class Engine:
         while not done:
             cache_len = len(committed) - 1  # the root committed[-1] is not cached yet
             tree = DraftTree.empty()
-            if drafter is not None:
+            if drafter is not None and (sel is None or sel.should_draft()):
                 td = time.perf_counter()
                 with kernel_range("drafter"):
                     tree = drafter.propose(DraftContext(committed, p, spec, hidden))
-                res.draft_s += time.perf_counter() - td
+                hidden = ()  # the drafter has seen these states
+                dt = time.perf_counter() - td
+                res.draft_s += dt
                 assert tree.size <= n_nodes, f"drafter returned {tree.size} > {n_nodes} nodes"
+                if sel is not None:
+                    sel.note_draft(dt)
+                    tree = sel.select([tree])[0]
+            elif sel is not None:
+                sel.note_skip()
+            tv = time.perf_counter()
             step = self.step(committed[-1], cache_len, tree, taps, sampler)
-            hidden = step.hidden
+            if sel is not None:
+                sel.observe([tree], [step.path], time.perf_counter() - tv)
+            hidden = join_hidden(hidden, step.hidden)
             res.steps += 1
             res.accept_lengths.append(len(step.path))
             res.draft_nodes.append(tree.size)
@@ -266,6 +318,14 @@ class Engine:
         if self._fast is not None and (sampler is None or sampler.greedy):
             return self._fast.step(root, cache_len, tree, taps)
         return verify_step(self.model, [VerifyRow(root, cache_len, tree, sampler)], taps)[0]
+
+
+def join_hidden(old: tuple[Tensor, ...], new: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Hidden states the drafter has not seen yet: ``old`` rows (steps it skipped) then ``new``
+    (per tapped layer, rows concatenated)."""
+    if not old:
+        return new
+    return tuple(torch.cat([a, b], dim=0) for a, b in zip(old, new, strict=True))
 
 
 def _margin(row: Tensor) -> float:

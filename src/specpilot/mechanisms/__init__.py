@@ -23,6 +23,7 @@ from specpilot.mechanisms.device_accept import DeviceAccept
 from specpilot.mechanisms.draft_vocab import DraftVocab
 from specpilot.mechanisms.drafter_choice import DrafterChoice
 from specpilot.mechanisms.dynamic_tree import DynamicTree
+from specpilot.mechanisms.goodput_budget import GoodputBudget
 from specpilot.mechanisms.gpu_dtype import GpuDtype
 from specpilot.mechanisms.hybrid_drafting import HybridDrafting
 from specpilot.mechanisms.linear_backend import LinearBackend
@@ -55,6 +56,7 @@ _CLASSES: tuple[type, ...] = (
     HybridDrafting,
     AdaptiveDraft,
     BatchBudgetTable,
+    GoodputBudget,
     Threads,
     AttentionImpl,
     LinearBackend,

@@ -1,0 +1,295 @@
+"""Goodput-driven verify budget: how many draft nodes to verify this step, for one sequence or a
+batch, by expected committed tokens per second.
+
+Three parts, each a small pure piece (the engines own the state):
+
+* :class:`CostCurve` - verify step seconds as a function of the rows in the target forward,
+  measured (:func:`calibrate_curve`) and refreshed online from observed steps;
+* :class:`AcceptanceStats` - a drafter's path probability (``exp(score)``) calibrated against
+  observed acceptance, per drafter and depth (a probability bin per depth, with a prior that
+  trusts the drafter until evidence arrives);
+* :func:`choose` - per step, over all live sequences, the draft nodes that maximize
+  ``(B + expected accepted) / (t_verify(rows) + t_draft)``, zero nodes (plain decoding, no
+  drafting) included, with hysteresis (:class:`Selector`) so the choice does not flap.
+
+Rows. The batched verify pads every sequence to the widest tree (``specpilot.verify``), so a
+step of ``B`` sequences with at most ``w`` nodes each costs ``B * (w + 1)`` rows: :func:`choose`
+picks ``w`` and keeps each sequence's ``w`` best nodes. One sequence is the same rule with
+``B = 1``: a drafter that rarely matches decays to plain decoding.
+
+Lossless: the selector only drops draft nodes (a subtree of the drafter's tree); verification
+and acceptance are unchanged, so the output is plain decoding's token for token.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specpilot.errors import ConfigError
+from specpilot.tree import DraftTree, subtree
+
+BINS = 10
+"""Probability bins per depth in :class:`AcceptanceStats`."""
+
+
+@dataclass
+class CostCurve:
+    """Verify step seconds by rows in the forward: piecewise linear through measured points,
+    extrapolated with the last segment's slope."""
+
+    rows: list[int]
+    """Measured row counts, ascending, at least one."""
+    seconds: list[float]
+    smoothing: float = 0.2
+    """Weight of an observed step in :meth:`observe` (exponential moving average)."""
+
+    def __post_init__(self) -> None:
+        if not self.rows or len(self.rows) != len(self.seconds):
+            raise ConfigError("a cost curve needs one time per measured row count")
+        if self.rows != sorted(set(self.rows)) or self.rows[0] < 1:
+            raise ConfigError(f"cost curve rows must be ascending and >= 1, got {self.rows}")
+
+    def __call__(self, rows: int) -> float:
+        xs, ys = self.rows, self.seconds
+        if rows <= xs[0] or len(xs) == 1:
+            return ys[0]
+        for i in range(1, len(xs)):
+            if rows <= xs[i]:
+                f = (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
+                return ys[i - 1] + f * (ys[i] - ys[i - 1])
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + max(slope, 0.0) * (rows - xs[-1])
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """Move the nearest measured point toward an observed step time."""
+        i = min(range(len(self.rows)), key=lambda j: abs(self.rows[j] - rows))
+        if abs(self.rows[i] - rows) <= max(1, self.rows[i] // 4):
+            a = self.smoothing
+            self.seconds[i] = (1 - a) * self.seconds[i] + a * seconds
+
+
+@dataclass
+class AcceptanceStats:
+    """Calibration of draft path probabilities against observed acceptance, per depth."""
+
+    prior: float = 4.0
+    """Pseudo-observations at the drafter's own probability per bin."""
+    proposed: dict[tuple[int, int], float] = field(default_factory=dict)
+    accepted: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    @staticmethod
+    def _bin(depth: int, p: float) -> tuple[int, int]:
+        return depth, min(BINS - 1, max(0, int(p * BINS)))
+
+    def estimate(self, depth: int, p: float) -> float:
+        """Expected acceptance of a node at ``depth`` whose drafter path probability is ``p``."""
+        key = self._bin(depth, p)
+        n = self.proposed.get(key, 0.0)
+        return (self.accepted.get(key, 0.0) + self.prior * p) / (n + self.prior)
+
+    def observe(self, tree: DraftTree, path: Sequence[int]) -> None:
+        """Count every verified node of ``tree``; the nodes on the accepted ``path`` count as
+        accepted."""
+        on_path = set(path)
+        depths, scores = tree.depths.tolist(), tree.scores.tolist()
+        for i in range(tree.size):
+            key = self._bin(depths[i], math.exp(min(scores[i], 0.0)))
+            self.proposed[key] = self.proposed.get(key, 0.0) + 1
+            if i in on_path:
+                self.accepted[key] = self.accepted.get(key, 0.0) + 1
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One step's verify budget."""
+
+    width: int
+    """Most draft nodes verified per sequence (0 = plain decoding)."""
+    predicted_s: float
+    """Predicted step time (verify + drafting)."""
+    predicted_tokens: float
+    """Predicted committed tokens over the batch."""
+
+    @property
+    def goodput(self) -> float:
+        return self.predicted_tokens / self.predicted_s if self.predicted_s > 0 else 0.0
+
+
+def node_gains(tree: DraftTree, stats: AcceptanceStats) -> list[float]:
+    """Calibrated expected acceptance per node of ``tree``."""
+    depths, scores = tree.depths.tolist(), tree.scores.tolist()
+    return [stats.estimate(d, math.exp(min(s, 0.0))) for d, s in zip(depths, scores, strict=True)]
+
+
+def best_nodes(tree: DraftTree, gains: Sequence[float], width: int) -> list[int]:
+    """The ``width`` nodes of highest gain, closed over ancestors (ascending indices)."""
+    if width >= tree.size:
+        return list(range(tree.size))
+    order = sorted(range(tree.size), key=lambda i: (-gains[i], i))
+    parents = tree.parents.tolist()
+    keep: set[int] = set()
+    for i in order:
+        missing = []
+        node = i
+        while node >= 0 and node not in keep:
+            missing.append(node)
+            node = parents[node]
+        if len(keep) + len(missing) <= width:
+            keep.update(missing)
+        if len(keep) >= width:
+            break
+    return sorted(keep)
+
+
+def choose(
+    gains: Sequence[Sequence[float]],
+    curve: CostCurve,
+    draft_s: float,
+    max_width: int | None = None,
+) -> Choice:
+    """The width ``w`` maximizing ``(B + sum of each sequence's w best gains) /
+    (curve(B * (w + 1)) + draft_s if w > 0)``; ``w = 0`` is plain decoding without drafting.
+
+    >>> curve = CostCurve([1, 8], [0.010, 0.017])
+    >>> choose([[0.9, 0.8, 0.5]], curve, draft_s=0.001).width     # good drafts: take them
+    3
+    >>> choose([[0.05, 0.01]], curve, draft_s=0.001).width        # useless drafts: plain
+    0
+    """
+    b = len(gains)
+    ranked = [sorted(g, reverse=True) for g in gains]
+    most = max((len(g) for g in ranked), default=0)
+    if max_width is not None:
+        most = min(most, max_width)
+    best = Choice(0, curve(b), float(b))
+    acc = 0.0
+    for w in range(1, most + 1):
+        acc += sum(g[w - 1] for g in ranked if len(g) >= w)
+        c = Choice(w, curve(b * (w + 1)) + draft_s, b + acc)
+        if c.goodput > best.goodput:
+            best = c
+    return best
+
+
+@dataclass
+class Selector:
+    """Per-engine state of the goodput budget: the curve, the acceptance statistics, the last
+    choice (hysteresis) and the drafting time per step."""
+
+    curve: CostCurve
+    stats: AcceptanceStats = field(default_factory=AcceptanceStats)
+    hysteresis: float = 0.05
+    """A new width replaces the last one only if its predicted goodput is this much higher."""
+    probe_every: int = 8
+    """While plain decoding wins, still draft every this many steps to keep the estimates
+    fresh (the drafter sees every committed token either way)."""
+    draft_s: float = 0.0
+    """Moving average of drafting seconds per step."""
+    last: Choice | None = None
+    idle: int = 0
+    """Steps since the selector last drafted."""
+    log: list[tuple[int, int, float, float]] = field(default_factory=list)
+    """(batch, rows, predicted verify s, actual verify s) of the last steps (metrics,
+    reports)."""
+    steps: int = 0
+    plain_steps: int = 0
+    """Steps verified without draft nodes."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.hysteresis < 1:
+            raise ConfigError(f"goodput hysteresis must be in [0, 1), got {self.hysteresis}")
+        if self.probe_every < 1:
+            raise ConfigError(f"goodput probe_every must be >= 1, got {self.probe_every}")
+
+    def should_draft(self) -> bool:
+        """Whether to run the drafter this step (False while plain decoding wins, except for
+        a probe every ``probe_every`` steps)."""
+        return self.last is None or self.last.width > 0 or self.idle + 1 >= self.probe_every
+
+    def select(self, trees: Sequence[DraftTree]) -> list[DraftTree]:
+        """Cut every tree to this step's width (all empty for plain decoding)."""
+        gains = [node_gains(t, self.stats) for t in trees]
+        new = choose(gains, self.curve, self.draft_s)
+        if self.last is not None and self.last.width != new.width:
+            keep = self.last.width
+            if keep <= max((t.size for t in trees), default=0):
+                old = choose(gains, self.curve, self.draft_s, max_width=keep)
+                if new.goodput <= old.goodput * (1 + self.hysteresis):
+                    new = old
+        self.last = new
+        out = []
+        for t, g in zip(trees, gains, strict=True):
+            keep = best_nodes(t, g, new.width)
+            out.append(t if len(keep) == t.size else subtree(t, keep))
+        return out
+
+    def note_draft(self, seconds: float) -> None:
+        self.idle = 0
+        self.draft_s = seconds if self.draft_s == 0 else 0.8 * self.draft_s + 0.2 * seconds
+
+    def note_skip(self) -> None:
+        self.idle += 1
+
+    def observe(
+        self, trees: Sequence[DraftTree], paths: Sequence[Sequence[int]], verify_s: float
+    ) -> None:
+        """After a step: acceptance statistics and the curve at the step's rows."""
+        for t, p in zip(trees, paths, strict=True):
+            self.stats.observe(t, p)
+        width = max((t.size for t in trees), default=0)
+        rows = len(trees) * (1 + width)
+        self.log.append((len(trees), rows, self.curve(rows), verify_s))
+        del self.log[:-256]
+        self.steps += 1
+        self.plain_steps += width == 0
+        self.curve.observe(rows, verify_s)
+
+    def summary(self) -> dict[str, Any]:
+        """Steps, plain steps, mean predicted and measured verify time of the logged steps, and
+        the curve (what ``bench`` and ``/metrics`` show)."""
+        n = max(len(self.log), 1)
+        return {
+            "steps": self.steps,
+            "plain_steps": self.plain_steps,
+            "predicted_ms": 1e3 * sum(e[2] for e in self.log) / n,
+            "actual_ms": 1e3 * sum(e[3] for e in self.log) / n,
+            "mean_rows": sum(e[1] for e in self.log) / n,
+            "curve": {"rows": list(self.curve.rows), "seconds": list(self.curve.seconds)},
+        }
+
+
+def calibration_shape(slots: int) -> tuple[int, tuple[int, ...]]:
+    """(context length, row counts) for measuring a curve in a cache of ``slots`` slots: up to
+    128 cached tokens and 1..64 rows, fewer in a small cache.
+
+    >>> calibration_shape(1024)
+    (128, (1, 2, 4, 8, 16, 32, 64))
+    >>> calibration_shape(40)
+    (19, (1, 2, 4, 8, 16))
+    """
+    width = max(1, min(64, (slots - 2) // 2))
+    rows = tuple(r for r in (1, 2, 4, 8, 16, 32, 64) if r <= width)
+    return min(128, slots - width - 2), rows
+
+
+def calibrate_curve(
+    step: Callable[[int], None],
+    rows: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
+    repeats: int = 3,
+) -> CostCurve:
+    """Time ``step(r)`` (one verify forward of ``r`` rows) at each row count: best of
+    ``repeats`` after one warm-up call (the least disturbed reading)."""
+    secs = []
+    for r in rows:
+        step(r)
+        best = math.inf
+        for _ in range(repeats):
+            t = time.perf_counter()
+            step(r)
+            best = min(best, time.perf_counter() - t)
+        secs.append(best)
+    return CostCurve(list(rows), secs)
