@@ -189,21 +189,33 @@ SPECS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(SPECS))
-@pytest.mark.parametrize("drafter", ["model-copy", "suffix"])
-def test_speculative_equals_plain_past_the_window(kind: str, drafter: str) -> None:
+SPEC_GEN = GenerationConfig(max_new_tokens=32, stop_on_eos=False)
+
+
+@pytest.fixture(scope="module")
+def spec_setup() -> tuple[Any, Engine, list[list[int]], list[list[int]]]:
+    """The HF model, an engine on ours, prompts (one past the window, one repetitive, one of a
+    single token) and their plain greedy outputs."""
     hf = hf_model(seed=2)
-    target = ours_from(hf)
-    eng = Engine(target, EngineConfig(attention="exact"))
-    gen = GenerationConfig(max_new_tokens=40, stop_on_eos=False)
+    eng = Engine(ours_from(hf), EngineConfig(attention="exact"))
     prompts = [prompt(seed=2), [5, 6, 7, 8] * 4, [9]]
+    return hf, eng, prompts, [eng.generate(ids, SPEC_GEN).tokens for ids in prompts]
+
+
+@pytest.mark.parametrize(
+    "kind", ["chain", "dynamic", pytest.param("static", marks=pytest.mark.slow)]
+)
+@pytest.mark.parametrize("drafter", ["model-copy", "suffix"])
+def test_speculative_equals_plain_past_the_window(
+    spec_setup: tuple[Any, Engine, list[list[int]], list[list[int]]], kind: str, drafter: str
+) -> None:
+    hf, eng, prompts, refs = spec_setup
     d = make_drafter("model", draft=ours_from(hf)) if drafter == "model-copy" else None
-    for ids in prompts:
-        ref = eng.generate(ids, gen).tokens
+    for ids, ref in zip(prompts, refs, strict=True):
         dr = d if d is not None else make_drafter("suffix")
-        res = eng.generate(ids, gen, drafter=dr, spec=SPECS[kind])
+        res = eng.generate(ids, SPEC_GEN, drafter=dr, spec=SPECS[kind])
         assert res.tokens == ref, f"{drafter}/{kind} diverged on {ids}"
-        if drafter == "model-copy":
+        if drafter == "model-copy":  # every draft accepted: trees verified past the window
             assert res.tau >= 2.0
 
 
