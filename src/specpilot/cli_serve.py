@@ -2,7 +2,9 @@
 
 Concurrent requests are continuously batched (:mod:`specpilot.server.scheduler`); the verify
 budget shrinks with the batch (:class:`specpilot.batch.VerifyBudget`). Binds 127.0.0.1 unless
-told otherwise.
+told otherwise. Logs go to stderr at ``--log-level`` (default info), one line per request and
+every engine-thread failure with its traceback, each with the request id that the response's
+``x-request-id`` header carries.
 """
 
 from __future__ import annotations
@@ -50,7 +52,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--served-model-name", default=None, help="model id clients send (default: --model)"
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="server and uvicorn log level (default: %(default)s)",
+    )
     return p
 
 
@@ -68,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from specpilot.server import Scheduler, create_app
+        from specpilot.server.logs import configure_logging
         from specpilot.server.metrics import ServerMetrics
     except ImportError as e:
         raise ConfigError(
@@ -105,5 +113,6 @@ def run(args: argparse.Namespace) -> int:
     sched = Scheduler(beng, make, cand.spec if cand else None, ServerMetrics())
     name = args.served_model_name or args.model
     app = create_app(sched, tok, name, context_len=beng.max_len - 1)
+    configure_logging(args.log_level)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -1,36 +1,53 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions, chat completions, models, health, metrics.
 
-Streaming responses are server-sent events (``data: {chunk}\\n\\n`` ... ``data: [DONE]``), the
-format the official ``openai`` client reads. A client that disconnects mid-request is cancelled:
-its sequence leaves the batch at the next step. Errors use the OpenAI body
-``{"error": {"message", "type", "param", "code"}}``.
+Request bodies are the pydantic models of :mod:`.protocol` (FastAPI validates them; a
+validation error becomes the OpenAI error body). Streaming responses are server-sent events
+(``data: {chunk}\\n\\n`` ... ``data: [DONE]``), the format the official ``openai`` client reads.
+A client that disconnects mid-request is cancelled: its sequence leaves the batch at the next
+step. Errors use the OpenAI body ``{"error": {"message", "type", "param", "code"}}``; a request
+the engine thread fails (or that outlives the engine thread) gets a 500 of that shape. Every
+request has an id (:mod:`.logs`): in the ``x-request-id`` response header and its log lines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specpilot import __version__
 from specpilot.engine import GenerationConfig, GenerationResult
 from specpilot.errors import SpecPilotError
-from specpilot.server.protocol import APIError, GenRequest, parse_request
+from specpilot.server.logs import RequestIdMiddleware, request_id
+from specpilot.server.protocol import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    GenRequest,
+    parse_body,
+    validation_error,
+)
 from specpilot.server.scheduler import Event, Job, Scheduler
 from specpilot.tokenizer import StreamDecoder, Tokenizer
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 DISCONNECT_POLL_S = 0.5
+ENGINE_GONE = "the engine thread is not running"
+
+logger = logging.getLogger(__name__)
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def _error(e: APIError) -> JSONResponse:
@@ -55,6 +72,27 @@ class _StopTrim:
         return out
 
 
+def _body(model: type[Body]) -> Callable[[Request], Awaitable[Body]]:
+    """A FastAPI dependency: the request body validated as ``model``. The body is read as JSON
+    whatever its content type says (as this server always has; FastAPI's own body parameters
+    would refuse a JSON body sent without ``application/json``)."""
+
+    async def read(request: Request) -> Body:
+        return parse_body(model, await request.body())
+
+    return read
+
+
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI request body of a route whose body comes from :func:`_body`."""
+    schema = {"schema": model.model_json_schema()}
+    return {"requestBody": {"required": True, "content": {"application/json": schema}}}
+
+
+CompletionBody = Annotated[CompletionRequest, Depends(_body(CompletionRequest))]
+ChatBody = Annotated[ChatRequest, Depends(_body(ChatRequest))]
+
+
 def create_app(
     scheduler: Scheduler,
     tokenizer: Tokenizer,
@@ -72,6 +110,7 @@ def create_app(
             scheduler.stop()
 
     app = FastAPI(title="specpilot", version=__version__, lifespan=lifespan)
+    app.add_middleware(RequestIdMiddleware)
     created = int(time.time())
     max_new = context_len - 1
 
@@ -81,7 +120,9 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
-        return _error(APIError(400, f"invalid request: {e.errors()[:1]}"))
+        err = validation_error(e.errors())
+        logger.info("rejected: %s (param %s)", err.message, err.param)
+        return _error(err)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -91,7 +132,7 @@ def create_app(
     @app.get("/health")
     async def health() -> dict[str, Any]:
         if not scheduler.alive:
-            raise APIError(503, "the engine thread is not running", type="server_error")
+            raise APIError(503, ENGINE_GONE, type="server_error")
         eng = scheduler.engine
         return {"status": "ok", "running": len(eng.slots), "max_batch": eng.bcfg.max_batch}
 
@@ -104,12 +145,8 @@ def create_app(
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "specpilot"}
         return {"object": "list", "data": [card]}
 
-    async def _body(request: Request, chat: bool) -> GenRequest:
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError):
-            raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
-        req = parse_request(body, chat, max_new)
+    def _checked(body: CompletionRequest | ChatRequest) -> GenRequest:
+        req = body.to_gen(max_new)
         if req.model != model_name:
             raise APIError(
                 404,
@@ -157,6 +194,7 @@ def create_app(
 
     def _submit(req: GenRequest, ids: list[int]) -> Job:
         job = Job(ids, _gen(req, len(ids)), asyncio.get_running_loop())
+        job.request_id = request_id.get()
         try:
             scheduler.submit(job)
         except SpecPilotError as e:
@@ -164,15 +202,24 @@ def create_app(
             raise APIError(400, str(e), param, "context_length_exceeded") from None
         return job
 
-    async def _collect(request: Request, job: Job) -> GenerationResult:
+    async def _next_event(request: Request, job: Job, watch_client: bool = True) -> Event:
+        """The job's next event; an error event when the engine thread is gone (the request
+        would otherwise wait forever); 499 when the client left (``watch_client``: a stream
+        learns that from its response instead)."""
         while True:
             try:
-                ev = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
+                return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
-                if await request.is_disconnected():
+                if not scheduler.alive and job.events.empty():
+                    logger.error("request failed: %s", ENGINE_GONE)
+                    return Event("error", error=ENGINE_GONE)
+                if watch_client and await request.is_disconnected():
                     scheduler.cancel(job)
                     raise APIError(499, "client closed the request") from None
-                continue
+
+    async def _collect(request: Request, job: Job) -> GenerationResult:
+        while True:
+            ev = await _next_event(request, job)
             if ev.kind == "error":
                 raise APIError(500, ev.error, type="server_error")
             if ev.kind == "done":
@@ -190,8 +237,9 @@ def create_app(
         trim = _StopTrim(stops)
         return trim.push(tokenizer.decode(res.tokens), final=True)
 
-    async def _handle(request: Request, chat: bool) -> Response:
-        req = await _body(request, chat)
+    async def _handle(request: Request, body: CompletionRequest | ChatRequest) -> Response:
+        chat = isinstance(body, ChatRequest)
+        req = _checked(body)
         ids = _encode(req)
         job = _submit(req, ids)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -244,7 +292,7 @@ def create_app(
             elif req.echo and isinstance(req.prompt, str):
                 yield chunk(req.prompt, None)
             while True:
-                ev: Event = await job.events.get()
+                ev = await _next_event(request, job, watch_client=False)
                 if ev.kind == "error":
                     err = APIError(500, ev.error, type="server_error")
                     yield f"data: {json.dumps(err.body())}\n\n"
@@ -267,12 +315,12 @@ def create_app(
         finally:  # finished, or the client went away (the generator is closed / cancelled)
             scheduler.cancel(job)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await _handle(request, chat=False)
+    @app.post("/v1/completions", openapi_extra=_schema(CompletionRequest))
+    async def completions(request: Request, body: CompletionBody) -> Response:
+        return await _handle(request, body)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await _handle(request, chat=True)
+    @app.post("/v1/chat/completions", openapi_extra=_schema(ChatRequest))
+    async def chat_completions(request: Request, body: ChatBody) -> Response:
+        return await _handle(request, body)
 
     return app

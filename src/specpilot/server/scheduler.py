@@ -4,12 +4,15 @@ Request handlers (on the asyncio event loop) submit jobs; before every batched s
 drops cancelled jobs, admits waiting jobs into free rows (prefill), then runs one step for all
 running sequences. New tokens go back to each job's asyncio queue through
 ``loop.call_soon_threadsafe``, as ``Event`` objects. The worker never raises across the thread
-boundary: a failing request gets an ``error`` event, and the engine keeps serving the others.
+boundary: a failing request gets an ``error`` event (a 500 for its client), the traceback goes to
+the ``specpilot.server.scheduler`` logger with the request ids, and the engine keeps serving the
+others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -22,6 +25,8 @@ from specpilot.drafters.base import Drafter
 from specpilot.engine import GenerationConfig, GenerationResult
 from specpilot.server.metrics import ServerMetrics
 from specpilot.tree import TreeSpec
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class Job:
     t_arrival: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
     slot: Slot | None = None
+    request_id: str = "-"
+    """The HTTP request's id (:mod:`specpilot.server.logs`), for the engine thread's logs."""
 
     def post(self, ev: Event) -> None:
         """Deliver ``ev`` on the job's event loop (callable from any thread)."""
@@ -122,10 +129,15 @@ class Scheduler:
                     self._waiting.append(self._inbox.get_nowait())
             except queue.Empty:
                 pass
-            self._drop_cancelled()
-            self._admit()
-            if self.engine.slots:
-                self._step()
+            try:
+                self._drop_cancelled()
+                self._admit()
+                if self.engine.slots:
+                    self._step()
+            except Exception as e:  # a bug outside one request: fail them all, keep serving
+                ids = [j.request_id for j in (*self._waiting, *self._running.values())]
+                logger.exception("engine loop failed; failing requests %s", ids)
+                self._fail_all(f"{type(e).__name__}: {e}")
         for job in [*self._waiting, *self._running.values()]:
             job.post(Event("error", error="the server is shutting down"))
 
@@ -150,6 +162,7 @@ class Scheduler:
                 req.drafter = self.make_drafter()
                 slot = self.engine.add(req)
             except Exception as e:  # one bad request must not stop the server
+                logger.exception("request could not be admitted", extra=_rid(job))
                 job.post(Event("error", error=f"{type(e).__name__}: {e}"))
                 self.metrics.requests.labels(outcome="error").inc()
                 continue
@@ -175,6 +188,8 @@ class Scheduler:
         try:
             finished, stats = self.engine.step()
         except Exception as e:  # fail the running requests, keep serving new ones
+            ids = [j.request_id for j in self._running.values()]
+            logger.exception("batched step failed; failing requests %s", ids)
             for job in self._running.values():
                 if job.slot is not None:
                     self.engine.remove(job.slot)
@@ -190,8 +205,28 @@ class Scheduler:
                 self.metrics.running.dec()
                 self._finish(job)
 
+    def _fail_all(self, error: str) -> None:
+        """Every waiting and running job gets ``error``; their rows leave the batch."""
+        for job in [*self._waiting, *self._running.values()]:
+            if job.slot is not None:
+                try:
+                    self.engine.remove(job.slot)
+                except Exception:  # the batch may be what broke; the rows go with it
+                    logger.exception("could not free a failed request's row", extra=_rid(job))
+            job.post(Event("error", error=error))
+            self.metrics.requests.labels(outcome="error").inc()
+        self.metrics.queue_depth.dec(len(self._waiting))
+        self.metrics.running.dec(len(self._running))
+        self._waiting.clear()
+        self._running.clear()
+
     def _finish(self, job: Job) -> None:
         assert job.slot is not None
         self.metrics.latency.observe(time.perf_counter() - job.t_arrival)
         self.metrics.requests.labels(outcome="ok").inc()
         job.post(Event("done", result=job.slot.res))
+
+
+def _rid(job: Job) -> dict[str, str]:
+    """``extra`` of a log record about ``job`` (its request id)."""
+    return {"request_id": job.request_id}
