@@ -1,6 +1,8 @@
 """``specpilot serve``: an OpenAI-compatible HTTP server over the batched engine.
 
-:mod:`~specpilot.server.app` (FastAPI routes, OpenAI bodies and errors),
+:mod:`~specpilot.server.app` (FastAPI routes and errors),
+:mod:`~specpilot.server.completions` (one request from body to OpenAI response or stream),
+:mod:`~specpilot.server.logs` (request ids, logging),
 :mod:`~specpilot.server.scheduler` (continuous batching on one worker thread),
 :mod:`~specpilot.server.metrics` (Prometheus), :mod:`~specpilot.server.protocol` (request
 validation).
