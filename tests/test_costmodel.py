@@ -1,10 +1,13 @@
-"""Cost model: roofline counts by hand, hardware table and calibration cache, factors, direction,
-sensitivity; ``profile`` end to end on a tiny model, with sleeps injected inside and outside the
-profiled ranges; the ``profile`` CLI writes JSON and HTML."""
+"""Cost model: roofline counts by hand, hardware table and calibration cache, factors (pure
+functions on hand-made inputs), direction, sensitivity; ``profile`` end to end on a tiny model,
+with sleeps injected inside and outside the profiled ranges, and with a planted lossy verifier
+(the profile stops with the forcing report); the ``profile`` CLI writes JSON and HTML."""
 
 from __future__ import annotations
 
 import argparse
+import doctest
+import importlib
 import json
 import time
 from contextlib import contextmanager
@@ -17,15 +20,21 @@ import torch
 import specpilot.engine as engine_mod
 import specpilot.model as model_mod
 from specpilot import cli_profile
-from specpilot.costmodel import CostReport, Hardware, ProfileConfig, profile
+from specpilot.costmodel import CostReport, Hardware, LossyPlanError, ProfileConfig, profile
+from specpilot.costmodel import factors as factors_mod
 from specpilot.costmodel import hardware as hw_mod
+from specpilot.costmodel import measure as measure_mod
+from specpilot.costmodel import pipeline as pipeline_mod
+from specpilot.costmodel import runs as runs_mod
+from specpilot.costmodel.factors import kernel_factor, overhead_factor, tau_factor, tau_ratio
 from specpilot.costmodel.html import to_html
-from specpilot.costmodel.measure import collect
-from specpilot.costmodel.report import direction, kernel_factor, kernel_rows, sensitivity
+from specpilot.costmodel.measure import collect, profiler_cost_per_event
+from specpilot.costmodel.report import direction, kernel_rows, row_times, sensitivity
 from specpilot.costmodel.roofline import Dtypes, StepShape, Work, floor_s, prefill_work, step_work
 from specpilot.drafters import make_drafter
 from specpilot.engine import Engine, EngineConfig
-from specpilot.tree import TreeSpec
+from specpilot.forcing import MISMATCH
+from specpilot.tree import Acceptance, DraftTree, TreeSpec
 
 from .conftest import tiny_config, tiny_model
 from .test_loading import make_model, save_dir
@@ -142,6 +151,43 @@ def test_calibration_measures_something() -> None:
 # -- factors ------------------------------------------------------------------------------------
 
 
+def test_tau_factor_by_hand() -> None:
+    # the plan commits 2.0 tokens per step, the oracle tree at N* 3.0: 1.5x left in tau
+    assert tau_factor(plan_tau=2.0, best_tau=3.0) == pytest.approx(1.5)
+    assert tau_ratio(plan_tau=2.0, best_tau=3.0) == pytest.approx(1.5)
+    # the plan verifies more than N*: the raw ratio is below 1, the factor stays 1
+    assert tau_ratio(plan_tau=2.5, best_tau=2.0) == pytest.approx(0.8)
+    assert tau_factor(plan_tau=2.5, best_tau=2.0) == 1.0
+    assert tau_factor(plan_tau=1.0, best_tau=1.0) == 1.0  # plain AR
+    with pytest.raises(ValueError, match="plan_tau"):
+        tau_factor(plan_tau=0.0, best_tau=1.0)
+
+
+def test_kernel_factor_by_hand() -> None:
+    measured = {"qkv": 3.0, "down": 1.0, "drafter": 0.5}
+    floors = {"qkv": 1.0, "down": 1.0, "drafter": 0.0}
+    assert kernel_factor(measured, floors) == pytest.approx(4.5 / 2.0)  # 2.25 > 1
+    assert kernel_factor({"qkv": 1.0}, {"qkv": 1.0}) == 1.0  # at the roofline
+    assert kernel_factor({"qkv": 2.0}, {"qkv": 1.0, "down": 1.0}) == 1.0  # missing counts 0
+    assert kernel_factor({"qkv": 1.0}, {}) == float("inf")
+
+
+def test_overhead_factor_by_hand() -> None:
+    # 12 ms of wall time per step, 8 ms of it in kernels: 1.5x
+    assert overhead_factor(wall_step_s=0.012, kernel_step_s=0.008) == pytest.approx(1.5)
+    assert overhead_factor(0.012, 0.0) == float("inf")
+    # 0.010 s plain, 0.015 s profiled over 100 steps and 500,000 events: 1 us per event
+    assert profiler_cost_per_event(0.010, 0.015, 100, 500_000) == pytest.approx(1e-6)
+    assert profiler_cost_per_event(0.015, 0.010, 100, 500_000) == 0.0  # never negative
+    assert profiler_cost_per_event(0.010, 0.015, 100, 0) == 0.0
+
+
+def test_factor_docstring_examples() -> None:
+    for mod in (factors_mod, measure_mod):
+        res = doctest.testmod(mod)
+        assert res.failed == 0 and res.attempted > 0, mod.__name__
+
+
 def test_direction_is_the_argmax() -> None:
     assert direction({"tau": 1.5, "kernel": 3.0, "overhead": 1.1}) == "kernel"
     assert direction({"tau": 2.0, "kernel": 1.0, "overhead": 1.9}) == "tau"
@@ -153,7 +199,7 @@ def test_sensitivity_flags_close_factors() -> None:
     work = {"down": Work(1e3, 3.6e8)}  # memory-bound: floor = 3.6e8 / (0.9 * 4e10) = 10 ms
     close = {"down": 0.021}  # kernel factor 2.1, tau factor 2.0
     rows = kernel_rows(work, close, HW, 0.6, 0.9)
-    assert kernel_factor(rows) == pytest.approx(2.1)
+    assert kernel_factor(*row_times(rows)) == pytest.approx(2.1)
     points, stable = sensitivity(work, close, HW, 0.6, 0.9, tau_f=2.0, overhead_f=1.0)
     assert len(points) == 9 and not stable
     assert {p.direction for p in points} == {"tau", "kernel"}
@@ -201,6 +247,7 @@ def _check_report(r: CostReport) -> None:
     assert all(k.measured_ms > 0 for k in r.kernels if k.name not in ("recurrent", "drafter"))
     assert r.kernel_step_ms == pytest.approx(sum(k.measured_ms for k in r.kernels))
     assert len(r.sensitivity) == 9 and r.mismatches == 0
+    assert r.forcing.startswith("PASS: 2 prompts")
     assert r.n_star in [b.n for b in r.budgets]
 
 
@@ -230,6 +277,42 @@ def test_profile_lookup() -> None:
     json.dumps(d)
     page = to_html(r)
     assert page.count("<svg") == 2
+
+
+def _accept_first_child(tree: DraftTree, target: Any) -> Acceptance:
+    """A lossy verifier: accepts the first child at every node, whatever the target chose."""
+    kids, toks = tree.children(), tree.tokens.tolist()
+    path: list[int] = []
+    node = -1
+    while kids[node + 1]:
+        node = kids[node + 1][0]
+        path.append(node)
+    return Acceptance(tuple(path), (*(toks[i] for i in path), int(target[node + 1])))
+
+
+def test_lossy_plan_stops_the_profile_with_the_forcing_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_verify_home(), "verify_greedy", _accept_first_child)
+    timed: list[str] = []
+    real_profiled, real_verify = runs_mod.profiled, pipeline_mod.time_verify
+    monkeypatch.setattr(
+        runs_mod, "profiled", lambda *a, **k: timed.append("profiled") or real_profiled(*a, **k)
+    )
+    monkeypatch.setattr(
+        pipeline_mod, "time_verify", lambda *a, **k: timed.append("verify") or real_verify(*a, **k)
+    )
+    with pytest.raises(LossyPlanError) as e:
+        _profile("lookup")
+    rep = e.value.forcing
+    assert e.value.run == "plain" and rep.status == MISMATCH and not rep.ok
+    assert rep.n_prompts == 1 and len(rep.divergences) == 1  # stopped at the first prompt
+    d = rep.divergences[0]
+    assert d.prompt_id == "a" and d.ref_margin is not None  # the reference recorded margins
+    assert "MISMATCH" in str(e.value) and rep.summary() in str(e.value)
+    assert timed == []  # nothing of the lossy plan was profiled or timed
+    # plain AR has no draft tokens to accept wrongly: the same verifier profiles fine
+    _check_report(_profile("none"))
 
 
 SLEEP = 0.005  # large against the tiny model's ~1 ms step, so timing noise cannot hide it
@@ -263,6 +346,14 @@ def test_sleep_in_a_range_raises_that_class_and_the_kernel_factor(
     assert slow.overhead_factor < base.overhead_factor + 0.1  # wall and kernel time grew alike
 
 
+def _verify_home() -> Any:
+    """The module whose ``verify_greedy`` the engine's step calls (outside every range)."""
+    try:
+        return importlib.import_module("specpilot.verify")
+    except ImportError:
+        return engine_mod
+
+
 def test_sleep_outside_the_ranges_raises_the_overhead_factor(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -270,13 +361,14 @@ def test_sleep_outside_the_ranges_raises_the_overhead_factor(
     again = _profile("none", tokens=16)  # run-to-run noise of this machine, now
     noise_wall = abs(again.wall_step_ms - base.wall_step_ms)
     noise_kernel = abs(again.kernel_step_ms - base.kernel_step_ms)
-    real = engine_mod.verify_greedy
+    home = _verify_home()
+    real = home.verify_greedy
 
     def slow_verify(*a: Any) -> Any:
         time.sleep(SLEEP)
         return real(*a)
 
-    monkeypatch.setattr(engine_mod, "verify_greedy", slow_verify)
+    monkeypatch.setattr(home, "verify_greedy", slow_verify)
     slow = _profile("none", tokens=16)
     added = SLEEP * 1e3  # one verify per step, outside every profiled range
     # absolute bounds widened by the noise measured just before: the tiny model's ~1 ms step
@@ -348,7 +440,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(["profile", *argv])
 
 
-def test_cli_writes_json_and_html(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _fake_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         hw_mod,
         "calibrate",
@@ -359,6 +451,10 @@ def test_cli_writes_json_and_html(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         },
     )
     monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path / "cache"))
+
+
+def test_cli_writes_json_and_html(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_calibration(tmp_path, monkeypatch)
     model = save_dir(tmp_path / "tiny", make_model("llama-tied", seed=2))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
@@ -404,9 +500,38 @@ def test_cli_writes_json_and_html(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     ):
         assert key in d, key
     assert d["direction"] in ("tau", "kernel", "overhead") and d["drafter"] == "lookup"
-    assert d["hardware"]["source"] == "calibrated"
+    assert d["hardware"]["source"].startswith("calibrated")  # cached or not: the load decides
     html = page.read_text()
     assert html.startswith("<!DOCTYPE html>") and html.count("<svg") == 2
+    assert html.count("<rect") == 2 * sum(
+        1 for k in d["kernels"] if k["floor_ms"] > 0 or k["measured_ms"] > 0
+    )
+    assert "token forcing: PASS" in html and d["forcing"].startswith("PASS")
+
+
+def test_cli_lossy_plan_exits_1_with_the_forcing_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fake_calibration(tmp_path, monkeypatch)
+    monkeypatch.setattr(_verify_home(), "verify_greedy", _accept_first_child)
+    model = save_dir(tmp_path / "tiny", make_model("llama-tied", seed=2))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "rep", "prompt": "hello hello hello hello hello"}) + "\n")
+    out = tmp_path / "r.json"
+    argv = ["--model", str(model), "--prompts", str(prompts), "--max-new-tokens", "16"]
+    argv += ["--drafter", "lookup", "--max-budget", "8", "--json", str(out)]
+    assert cli_profile.run(_parse(argv)) == 1
+    cap = capsys.readouterr()
+    text = cap.out + cap.err
+    assert "MISMATCH" in text and "the plan is lossy" in text and "rep" in text
+    assert not out.exists()  # no report of a lossy plan
+
+
+def test_html_escapes_what_it_shows() -> None:
+    r = _profile("none", tokens=8)
+    page = to_html(r, title="<b>x</b> & y")
+    assert "<title>&lt;b&gt;x&lt;/b&gt; &amp; y</title>" in page and "<b>x</b>" not in page
+    assert "No drafter: tau = 1 at every budget." in page and page.count("<svg") == 1
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

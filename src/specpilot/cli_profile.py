@@ -64,9 +64,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a profile; 0 on success, 1 when the plan's output differs from the reference."""
+    """Run a profile; 0 on success, 1 when the plan's output differs from the reference (the
+    profile stops there and the forcing report is shown)."""
 
-    from specpilot.costmodel import ProfileConfig, detect, profile
+    from specpilot.costmodel import LossyPlanError, ProfileConfig, detect, profile
     from specpilot.costmodel.html import to_html
     from specpilot.workloads import load_workload
 
@@ -101,16 +102,24 @@ def run(args: argparse.Namespace) -> int:
         def progress(phase: str, done: int, total: int) -> None:
             bar.update(task, completed=done, total=total, description=f"profile: {phase}")
 
-        report = profile(
-            engine,
-            encoded,
-            cand.make_drafter if cand else (lambda: None),
-            cand.spec if cand else None,
-            cfg,
-            eos_ids=tok.eos_ids,
-            hardware=hw,
-            progress=progress,
-        )
+        try:
+            report = profile(
+                engine,
+                encoded,
+                cand.make_drafter if cand else (lambda: None),
+                cand.spec if cand else None,
+                cfg,
+                eos_ids=tok.eos_ids,
+                hardware=hw,
+                progress=progress,
+            )
+        except LossyPlanError as e:
+            lossy = e
+        else:
+            lossy = None
+    if lossy is not None:
+        render_lossy(console, lossy)
+        return 1
     render(console, report, cand.name if cand else "none (AR)", args.max_new_tokens)
     meta = {
         "model": loaded.source,
@@ -126,7 +135,29 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         title = f"specpilot profile: {cand.name if cand else 'AR'} on {meta['workload']}"
         Path(args.html).write_text(to_html(report, title))
-    return 0 if report.mismatches == 0 else 1
+    return 0
+
+
+def render_lossy(console: Any, e: Any) -> None:
+    """The forcing report of a plan that failed token forcing: the summary, one row per
+    diverging prompt."""
+    from rich.table import Table
+
+    rep = e.forcing
+    console.print(f"[red]{e}[/red]")
+    t = Table(title=f"token forcing of the {e.run} run: {rep.status}")
+    for col in ("prompt", "token", "reference", "plan", "margin", "near-tie"):
+        t.add_column(col, justify="left" if col == "prompt" else "right")
+    for d in rep.divergences:
+        t.add_row(
+            d.prompt_id,
+            str(d.position),
+            "<end>" if d.reference_token is None else str(d.reference_token),
+            "<end>" if d.candidate_token is None else str(d.candidate_token),
+            "-" if d.ref_margin is None else f"{d.ref_margin:.3g}",
+            "yes" if d.is_near_tie(rep.tie_threshold) else "no",
+        )
+    console.print(t)
 
 
 def render(console: Any, r: Any, plan: str, max_new_tokens: int) -> None:
@@ -171,6 +202,9 @@ def render(console: Any, r: Any, plan: str, max_new_tokens: int) -> None:
             ratio,
         )
     console.print(k)
+    console.print(r.hardware.describe(), soft_wrap=True)  # the peaks the floors came from
+    for note in r.hardware.notes:
+        console.print(f"[yellow]warning: {note}[/yellow]", soft_wrap=True)
 
     b = Table(title="exact replay: tau vs node budget N (step = verify at width N+1 + propose)")
     for col in ("N", "tau_opt", "tau_bf", "verify ms", "draft ms", "oracle tok/s"):
@@ -203,10 +237,7 @@ def render(console: Any, r: Any, plan: str, max_new_tokens: int) -> None:
     )
     phases = ", ".join(f"{name} {s:.1f}s" for name, s in r.phases_s.items())
     console.print(f"profile wall time {r.profile_s:.1f}s ({phases})")
-    if r.mismatches:
-        console.print(
-            f"[red]{r.mismatches} prompt(s) differ from the reference: the plan is lossy[/red]"
-        )
+    console.print(f"token forcing: {r.forcing}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,17 +1,17 @@
 """``profile``: one pass that measures everything the three factors need.
 
 Protocol (all on the same prompts, the same engine):
-  0. hardware peaks (table or cached calibration), the profiler's per-event cost, a warm-up;
-  1. per prompt, interleaved so that machine drift hits all three alike: the AR reference, the
-     plan without the profiler (tau_actual, wall time per step, token forcing against the
-     reference), the plan under torch.profiler with the kernel ranges on (kernel time per class;
-     the profiler's own cost per event is the profiled run's extra wall time per step over the
-     plain run's, divided by the events it recorded, see :mod:`.measure`). Each of the two plan
-     runs has its own drafter, fed the prompts in the same order;
+  0. hardware peaks (table or cached calibration), a warm-up;
+  1. per prompt, the AR reference, the plan without the profiler and the plan under
+     torch.profiler, each plan run token-forced against the reference (:mod:`.runs`: a lossy
+     plan stops the profile there, with the forcing report); the profiler's own cost per event
+     is the profiled run's extra wall time per step over the plain run's, divided by the events
+     it recorded (:func:`.measure.profiler_cost_per_event`);
   2. exact replay of a fourth drafter along the references (tau_bf(N), tau_opt(N)), timing its
      ``propose`` at budget N on a sample of positions;
   3. the verify step at width N + 1 for every N of the grid, at the mean context length;
-  4. roofline floors from the model config and the measured step shape; factors; sensitivity.
+  4. roofline floors from the model config and the measured step shape; the factors, pure
+     functions of these measurements (:mod:`.factors`); sensitivity.
 With no drafter (plain AR) there is nothing to replay: tau is 1, the grid is {0}, N* = 0.
 """
 
@@ -19,15 +19,29 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from specpilot.costmodel.hardware import Hardware, detect
-from specpilot.costmodel.measure import ClassTimes, profiled, time_verify
+from specpilot.costmodel.factors import (
+    direction,
+    kernel_factor,
+    overhead_factor,
+    tau_factor,
+    tau_ratio,
+)
+from specpilot.costmodel.hardware import Hardware, detect, floors_checked
+from specpilot.costmodel.measure import (
+    ClassTimes,
+    profiled,
+    profiler_cost_per_event,
+    time_verify,
+)
 from specpilot.costmodel.replay import (
     PromptReplay,
     ReplaySpecs,
+    TauCurves,
     budget_grid,
     replay_prompt,
     tau_curves,
@@ -36,9 +50,8 @@ from specpilot.costmodel.replay import (
 from specpilot.costmodel.report import (
     BudgetPoint,
     CostReport,
-    direction,
-    kernel_factor,
     kernel_rows,
+    row_times,
     sensitivity,
 )
 from specpilot.costmodel.roofline import (
@@ -51,14 +64,14 @@ from specpilot.costmodel.roofline import (
     prefill_work,
     step_work,
 )
+from specpilot.costmodel.runs import Forcing, LossyPlanError, ProgressFn, Runs, timed_runs
 from specpilot.drafters.base import Drafter
 from specpilot.engine import Engine, GenerationConfig, GenerationResult
 from specpilot.errors import ConfigError
 from specpilot.model import Transformer
 from specpilot.tree import TreeSpec
 
-ProgressFn = Callable[[str, int, int], None]
-"""``progress(phase, done, total)``; phases: "run", "replay", "step cost"."""
+__all__ = ["LossyPlanError", "ProfileConfig", "ProgressFn", "profile"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,10 @@ class ProfileConfig:
     """Timed repeats (median) of the verify step per budget."""
     draft_samples: int = 48
     """Positions at which the drafter's ``propose`` is timed per budget."""
+    strict: bool = True
+    """Token forcing of the plan's runs: any divergence from plain decoding stops the profile
+    (False: near-ties, a reference margin below ``near_tie``, are tolerated)."""
+    near_tie: float = 1e-3
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "max_budget", "replay_depth", "wide_topk"):
@@ -96,6 +113,8 @@ class ProfileConfig:
                 raise ConfigError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if not 0.0 <= self.sensitivity < 1.0:
             raise ConfigError(f"sensitivity must be in [0, 1), got {self.sensitivity}")
+        if self.near_tie < 0:
+            raise ConfigError(f"near_tie must be >= 0, got {self.near_tie}")
 
 
 def profile(
@@ -110,15 +129,62 @@ def profile(
 ) -> CostReport:
     """Split the gap to ideal of ``make_drafter()`` with ``spec`` into tau, kernel and overhead
     factors on ``prompts`` (id, token ids). ``make_drafter`` is called once per run (fresh
-    state); returning None profiles plain AR decoding. ``hardware`` skips detection."""
+    state); returning None profiles plain AR decoding. ``hardware`` skips detection.
+
+    Raises :class:`~specpilot.costmodel.runs.LossyPlanError` (with the forcing report) when the
+    plan's output differs from plain decoding: a lossy plan is not timed."""
     t_start = time.perf_counter()
     cfg = cfg or ProfileConfig()
     spec = spec or TreeSpec()
+    probe = make_drafter()
+    plan_nodes = spec.max_nodes if probe is not None else 0
+    _check_fits(engine, prompts, cfg, plan_nodes)
+    phases = _Phases()
+    with phases("setup"):
+        hw = hardware or detect(engine.model.device, engine.model.dtype)
+        _warm_up(engine, prompts[0][1], make_drafter, spec, cfg, eos_ids)
+    gen = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_on_eos=cfg.stop_on_eos)
+    how = Forcing(cfg.strict, cfg.near_tie)
+    with phases("runs"):
+        runs = timed_runs(engine, prompts, make_drafter, spec, gen, eos_ids, how, progress)
+    with phases("replay"):
+        grid: tuple[int, ...] = (0,)
+        replays: list[PromptReplay] = []
+        draft_s: dict[int, list[float]] = {}
+        if probe is not None:
+            grid = (0, *budget_grid(cfg.max_budget, plan_nodes))
+            replays, draft_s = _replay(
+                engine, prompts, runs.refs, make_drafter, spec, cfg, grid, progress
+            )
+        curves = tau_curves(replays, grid)
+    with phases("step_cost"):
+        ctx = round(statistics.mean(k for r in runs.plain for k in _cache_lens(r)))
+        budgets = _step_costs(engine, grid, curves, draft_s, ctx, cfg, progress)
+    report = _report(engine, prompts, runs, budgets, curves, hw, cfg, probe, spec)
+    return replace(report, profile_s=time.perf_counter() - t_start, phases_s=phases.seconds)
+
+
+class _Phases:
+    """Wall time per named phase: ``with phases("runs"): ...``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = time.perf_counter() - t
+
+
+def _check_fits(
+    engine: Engine, prompts: Sequence[tuple[str, list[int]]], cfg: ProfileConfig, plan_nodes: int
+) -> None:
+    """ConfigError unless every prompt, its new tokens and the widest tree fit the context."""
     if not prompts:
         raise ConfigError("no prompts to profile")
-    probe = make_drafter()
-    name = probe.name if probe is not None else "none"
-    plan_nodes = spec.max_nodes if probe is not None else 0
     longest = max(len(ids) for _, ids in prompts)
     need = longest + cfg.max_new_tokens + max(cfg.max_budget, plan_nodes) + 2
     if need > engine.context_len:
@@ -127,50 +193,37 @@ def profile(
             f"of {cfg.max_budget} exceed the model context of {engine.context_len}; lower "
             "--max-new-tokens or --max-budget"
         )
-    phases: dict[str, float] = {}
-    device = engine.model.device
 
-    t = time.perf_counter()
-    hw = hardware or detect(device, engine.model.dtype)
-    gen = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_on_eos=cfg.stop_on_eos)
+
+def _warm_up(
+    engine: Engine,
+    ids: list[int],
+    make_drafter: Callable[[], Drafter | None],
+    spec: TreeSpec,
+    cfg: ProfileConfig,
+    eos_ids: tuple[int, ...],
+) -> None:
+    """A short plain run, then a short profiled plan run: the first profiler session and ranges
+    pay one-time setup costs."""
     warm = GenerationConfig(max_new_tokens=min(8, cfg.max_new_tokens), stop_on_eos=False)
-    engine.generate(prompts[0][1], warm, eos_ids=eos_ids)
-    profiled(  # the first profiler session and ranges pay one-time setup costs
-        lambda: engine.generate(
-            prompts[0][1], warm, drafter=make_drafter(), spec=spec, eos_ids=eos_ids
-        ),
-        device,
+    engine.generate(ids, warm, eos_ids=eos_ids)
+    profiled(
+        lambda: engine.generate(ids, warm, drafter=make_drafter(), spec=spec, eos_ids=eos_ids),
+        engine.model.device,
     )
-    phases["setup"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    refs, actual, profs, times, mismatches = _runs(
-        engine, prompts, make_drafter, spec, gen, eos_ids, probe is not None, progress
-    )
-    phases["runs"] = time.perf_counter() - t
-    steps = sum(r.steps for r in actual)
-    prof_steps = sum(r.steps for r in profs)
-    if steps == 0 or prof_steps == 0:
-        raise ConfigError("no decode steps: every output ended at its first token")
-    wall_step_s = sum(r.prefill_s + r.decode_s for r in actual) / steps
-    prof_step_s = sum(r.prefill_s + r.decode_s for r in profs) / prof_steps
-    per_event = 0.0
-    if device.type == "cpu" and times.all_events:
-        per_event = max(0.0, prof_step_s - wall_step_s) * prof_steps / times.all_events
 
-    t = time.perf_counter()
-    grid: tuple[int, ...] = (0,)
-    replays: list[PromptReplay] = []
-    draft_s: dict[int, list[float]] = {}
-    if probe is not None:
-        grid = (0, *budget_grid(cfg.max_budget, plan_nodes))
-        replays, draft_s = _replay(engine, prompts, refs, make_drafter, spec, cfg, grid, progress)
-    curves = tau_curves(replays, grid)
-    phases["replay"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    cache_lens = [k for r in actual for k in _cache_lens(r)]
-    ctx = round(statistics.mean(cache_lens))
+def _step_costs(
+    engine: Engine,
+    grid: tuple[int, ...],
+    curves: TauCurves,
+    draft_s: dict[int, list[float]],
+    ctx: int,
+    cfg: ProfileConfig,
+    progress: ProgressFn | None,
+) -> list[BudgetPoint]:
+    """Step 3: the verify step at width N + 1 for every N of the grid, at ``ctx`` cached keys,
+    plus the drafter's mean propose time at N."""
     for n in (grid[-1], grid[0]):  # warm-up: the widest call first, then the narrowest
         time_verify(engine, n, ctx, 1)
     budgets = []
@@ -188,55 +241,77 @@ def profile(
         )
         if progress is not None:
             progress("step cost", i + 1, len(grid))
-    phases["step_cost"] = time.perf_counter() - t
-    star = max(budgets, key=lambda b: (b.throughput, -b.n))
+    return budgets
 
+
+def _report(
+    engine: Engine,
+    prompts: Sequence[tuple[str, list[int]]],
+    runs: Runs,
+    budgets: list[BudgetPoint],
+    curves: TauCurves,
+    hw: Hardware,
+    cfg: ProfileConfig,
+    probe: Drafter | None,
+    spec: TreeSpec,
+) -> CostReport:
+    """Step 4: floors, the three factors (:mod:`.factors`), sensitivity; the report."""
+    actual, profs, times = runs.plain, runs.profiled, runs.times
+    steps = sum(r.steps for r in actual)
+    prof_steps = sum(r.steps for r in profs)
+    if steps == 0 or prof_steps == 0:
+        raise ConfigError("no decode steps: every output ended at its first token")
+    wall_step_s = sum(r.prefill_s + r.decode_s for r in actual) / steps
+    prof_step_s = sum(r.prefill_s + r.decode_s for r in profs) / prof_steps
+    per_event = 0.0
+    if engine.model.device.type == "cpu":
+        per_event = profiler_cost_per_event(wall_step_s, prof_step_s, prof_steps, times.all_events)
+    star = max(budgets, key=lambda b: (b.throughput, -b.n))
     work = _work(engine, prompts, actual, steps, times, prof_steps, probe)
     corrected = times.corrected(per_event)
     measured = {k: corrected.get(k, 0.0) / prof_steps for k in ALL_CLASSES}
-    rows = kernel_rows(work, measured, hw, cfg.alpha, cfg.beta)
-    kf = kernel_factor(rows)
-    wall_step_ms = 1e3 * wall_step_s
+    hw, rows = floors_checked(  # a kernel beating its floor: re-calibrate, note it
+        hw, lambda h: kernel_rows(work, measured, h, cfg.alpha, cfg.beta), engine.model.device,
+        engine.model.dtype,
+    )  # fmt: skip
+    kf = kernel_factor(*row_times(rows))
     kernel_step_ms = sum(r.measured_ms for r in rows)
-    of = wall_step_ms / kernel_step_ms if kernel_step_ms > 0 else float("inf")
+    of = overhead_factor(wall_step_s, 1e-3 * kernel_step_ms)
     decode_tokens = sum(len(r.tokens) - 1 for r in actual)
     tau_actual = decode_tokens / steps
-    tau_engine = sum(sum(r.accept_lengths) + r.steps for r in actual) / steps
-    raw = star.tau_opt / tau_actual
-    tf = max(1.0, raw)
+    tf = tau_factor(tau_actual, star.tau_opt)
     factors = {"tau": tf, "kernel": kf, "overhead": of}
     sens, stable = sensitivity(work, measured, hw, cfg.alpha, cfg.beta, tf, of, cfg.sensitivity)
-    plan_bf = next((b.tau_bf for b in budgets if b.n == plan_nodes), 1.0)
+    plan_nodes = spec.max_nodes if probe is not None else 0
     raw_ms = 1e3 * sum(times.seconds.get(k, 0.0) for k in ALL_CLASSES) / prof_steps
     return CostReport(
-        drafter=name,
+        drafter=probe.name if probe is not None else "none",
         plan=asdict(spec) if probe is not None else {},
         n_prompts=len(prompts),
         decode_tokens=decode_tokens,
         steps=steps,
         tau_factor=tf,
-        tau_factor_raw=raw,
+        tau_factor_raw=tau_ratio(tau_actual, star.tau_opt),
         kernel_factor=kf,
         overhead_factor=of,
         gap=tf * kf * of,
         direction=direction(factors),
         n_star=star.n,
         tau_actual=tau_actual,
-        tau_actual_engine=tau_engine,
-        tau_bf_at_plan=plan_bf,
+        tau_actual_engine=sum(sum(r.accept_lengths) + r.steps for r in actual) / steps,
+        tau_bf_at_plan=next((b.tau_bf for b in budgets if b.n == plan_nodes), 1.0),
         tau_replay_plan=curves.tau_plan,
         budgets=tuple(budgets),
         kernels=rows,
-        wall_step_ms=wall_step_ms,
+        wall_step_ms=1e3 * wall_step_s,
         kernel_step_ms=kernel_step_ms,
         hardware=hw,
         alpha=cfg.alpha,
         beta=cfg.beta,
         sensitivity=sens,
         direction_stable=stable,
-        mismatches=mismatches,
-        profile_s=time.perf_counter() - t_start,
-        phases_s=phases,
+        mismatches=runs.mismatches,
+        profile_s=0.0,
         profiler={
             "per_event_us": 1e6 * per_event,
             "events_per_step": times.all_events / prof_steps,
@@ -245,44 +320,8 @@ def profile(
             "correction_ms_per_step": raw_ms - kernel_step_ms,
             "profiled_steps": float(prof_steps),
         },
+        forcing=runs.forcing[0].summary(),
     )
-
-
-def _runs(
-    engine: Engine,
-    prompts: Sequence[tuple[str, list[int]]],
-    make_drafter: Callable[[], Drafter | None],
-    spec: TreeSpec,
-    gen: GenerationConfig,
-    eos_ids: tuple[int, ...],
-    speculative: bool,
-    progress: ProgressFn | None,
-) -> tuple[list[GenerationResult], list[GenerationResult], list[GenerationResult], ClassTimes, int]:
-    """Step 1: reference, plain run and profiled run per prompt (see the module docstring).
-    Returns (references, plain runs, profiled runs, class times, prompts that diverged)."""
-    d_plain, d_prof = make_drafter(), make_drafter()
-    refs: list[GenerationResult] = []
-    plain: list[GenerationResult] = []
-    profs: list[GenerationResult] = []
-    times = ClassTimes()
-    mismatches = 0
-    for i, (_, ids) in enumerate(prompts):
-        ref = engine.generate(ids, gen, eos_ids=eos_ids)
-        run = ref
-        if speculative:
-            run = engine.generate(ids, gen, drafter=d_plain, spec=spec, eos_ids=eos_ids)
-        prof, ct = profiled(
-            lambda ids=ids: engine.generate(ids, gen, drafter=d_prof, spec=spec, eos_ids=eos_ids),
-            engine.model.device,
-        )
-        refs.append(ref)
-        plain.append(run)
-        profs.append(prof)
-        times.add(ct)
-        mismatches += int(run.tokens != ref.tokens or prof.tokens != ref.tokens)
-        if progress is not None:
-            progress("run", i + 1, len(prompts))
-    return refs, plain, profs, times, mismatches
 
 
 def _replay(

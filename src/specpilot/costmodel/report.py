@@ -2,15 +2,14 @@
 
   gap = tau factor x kernel factor x overhead factor       (SpecPilot, Phase 0)
 
-* tau factor      = tau_opt(N*) / tau_actual, where N* maximizes tau_opt(N) / step cost(N) and
-  tau_actual is what the current plan reaches in a real run (see :mod:`.replay`). A ratio below 1
-  means the plan verifies more nodes than the throughput-optimal budget: acceptance is then not
-  what limits it, and the factor is reported as 1 (``tau_factor_raw`` keeps the ratio).
+The factors themselves are pure functions in :mod:`.factors` (definitions and worked examples
+there):
+
+* tau factor      = tau_opt(N*) / tau_actual, at least 1 (``tau_factor_raw`` keeps the ratio),
+  where N* maximizes tau_opt(N) / step cost(N) (see :mod:`.replay`);
 * kernel factor   = sum over kernel classes of measured time / sum of roofline floors
-  (see :mod:`.roofline`, :mod:`.measure`).
-* overhead factor = wall-clock time per decode step (a run without the profiler) / kernel time per
-  step (the profiled run): scheduling, syncs, copies, Python - everything outside the kernel
-  ranges.
+  (see :mod:`.roofline`, :mod:`.measure`);
+* overhead factor = wall-clock time per decode step / kernel time per step.
 
 ``direction`` is the name of the largest factor ("tau", "kernel" or "overhead"; ties go to the
 earlier name). The sensitivity analysis recomputes the floors, the kernel factor and the direction
@@ -22,10 +21,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from specpilot.costmodel.factors import FACTOR_NAMES, direction, kernel_factor
 from specpilot.costmodel.hardware import Hardware
 from specpilot.costmodel.roofline import Work, floor_s
 
-FACTOR_NAMES = ("tau", "kernel", "overhead")
+__all__ = [
+    "FACTOR_NAMES",
+    "BudgetPoint",
+    "CostReport",
+    "KernelRow",
+    "SensitivityPoint",
+    "direction",
+    "kernel_factor",
+    "kernel_rows",
+    "row_times",
+    "sensitivity",
+]
 
 
 @dataclass(frozen=True)
@@ -109,13 +120,17 @@ class CostReport:
     sensitivity: tuple[SensitivityPoint, ...]
     direction_stable: bool
     mismatches: int
-    """Prompts whose speculative output differs from the reference (0 = lossless)."""
+    """Prompts whose speculative output differs from the reference and was tolerated as a
+    near-tie (non-strict forcing only; any other divergence stops the profile with
+    :class:`~specpilot.costmodel.runs.LossyPlanError`)."""
     profile_s: float
     """Wall time of the whole profile."""
     phases_s: dict[str, float] = field(default_factory=dict)
     profiler: dict[str, float] = field(default_factory=dict)
     """Profiler cost per event (us), events per step, the profiled run's wall time per step, raw
     and corrected kernel time per step (ms)."""
+    forcing: str = ""
+    """Token forcing of the plan's runs against plain decoding: the one-line summary."""
 
     @property
     def factors(self) -> dict[str, float]:
@@ -167,15 +182,11 @@ class CostReport:
                 "direction_stable": self.direction_stable,
             },
             "mismatches": self.mismatches,
+            "forcing": self.forcing,
             "profile_s": self.profile_s,
             "phases_s": self.phases_s,
             "profiler": self.profiler,
         }
-
-
-def direction(factors: dict[str, float]) -> str:
-    """Name of the largest factor (ties: tau before kernel before overhead)."""
-    return max(FACTOR_NAMES, key=lambda name: (factors[name], -FACTOR_NAMES.index(name)))
 
 
 def kernel_rows(
@@ -191,10 +202,9 @@ def kernel_rows(
     return tuple(rows)
 
 
-def kernel_factor(rows: tuple[KernelRow, ...]) -> float:
-    floor = sum(r.floor_ms for r in rows)
-    measured = sum(r.measured_ms for r in rows)
-    return measured / floor if floor > 0 else float("inf")
+def row_times(rows: tuple[KernelRow, ...]) -> tuple[dict[str, float], dict[str, float]]:
+    """(measured ms, floor ms) per class of ``rows``: the inputs of :func:`kernel_factor`."""
+    return {r.name: r.measured_ms for r in rows}, {r.name: r.floor_ms for r in rows}
 
 
 def sensitivity(
@@ -213,7 +223,7 @@ def sensitivity(
     for ka in (1 - rel, 1.0, 1 + rel):
         for kb in (1 - rel, 1.0, 1 + rel):
             a, b = alpha * ka, beta * kb
-            kf = kernel_factor(kernel_rows(work, measured_s, hw, a, b))
+            kf = kernel_factor(*row_times(kernel_rows(work, measured_s, hw, a, b)))
             d = direction({"tau": tau_f, "kernel": kf, "overhead": overhead_f})
             points.append(SensitivityPoint(a, b, kf, tau_f * kf * overhead_f, d))
     return tuple(points), len({p.direction for p in points}) == 1
