@@ -127,3 +127,44 @@ def test_table_peaks_are_not_recalibrated(machine: dict) -> None:
     hw, _ = hw_mod.floors_checked(table, _rows, "cpu", torch.float32)
     assert not machine["calls"] and hw.peak_bw == 1e9
     assert "lm_head" in hw.notes[0] and "still measured faster" in hw.notes[-1]
+
+
+def test_trained_drafter_has_a_floor() -> None:
+    """The head's kernel class gets a floor from its weights per forward (it had none)."""
+    from specpilot.costmodel import ProfileConfig, profile
+    from specpilot.costmodel.roofline import trained_drafter_work, trained_net
+    from specpilot.drafters.head import HeadDrafter
+    from specpilot.drafters.suffix import SuffixDrafter
+    from specpilot.drafters.union import UnionDrafter
+    from specpilot.engine import Engine, EngineConfig
+    from specpilot.tree import TreeSpec
+
+    from .conftest import tiny_model
+    from .test_trained_drafters import make_net
+
+    model = tiny_model("llama", seed=1)
+    net = make_net("head", model)
+    head = HeadDrafter(net)
+    assert trained_net(UnionDrafter(SuffixDrafter(), head)) is head
+    assert trained_net(SuffixDrafter()) is None
+    one = trained_drafter_work(net, 1.0)
+    own = sum(p.numel() for n, p in net.named_parameters() if n.startswith(("in_proj", "layers")))
+    assert one.flops == 2 * (own + net.head.numel())
+    head_bytes = 2 if "Bf16" in type(net.head_fn).__name__ else 4  # packed bf16 where native
+    assert one.bytes == own * 4 + net.head.numel() * head_bytes
+
+    hw = hw_mod.Hardware("test machine", 1e11, 4e10, 5e10, "test")
+    cfg = ProfileConfig(max_new_tokens=12, max_budget=8, verify_repeats=1, draft_samples=4)
+    eng = Engine(model, EngineConfig(attention="exact"))
+    prompts = [("a", [3, 4, 5, 3, 4, 5, 3, 4])]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r = profile(eng, prompts, lambda: HeadDrafter(net), TreeSpec(budget=4), cfg, hardware=hw)
+    finally:
+        torch.set_num_threads(threads)
+    (row,) = [k for k in r.kernels if k.name == "drafter"]
+    forwards_per_step = row.flops / one.flops
+    assert forwards_per_step >= 1.0  # at least one head forward per decode step
+    assert row.bytes == pytest.approx(one.bytes * forwards_per_step)
+    assert row.floor_ms > 0 and row.measured_ms > 0

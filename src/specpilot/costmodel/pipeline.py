@@ -63,6 +63,8 @@ from specpilot.costmodel.roofline import (
     draft_model_work,
     prefill_work,
     step_work,
+    trained_drafter_work,
+    trained_net,
 )
 from specpilot.costmodel.runs import Forcing, LossyPlanError, ProgressFn, Runs, timed_runs
 from specpilot.drafters.base import Drafter
@@ -267,7 +269,7 @@ def _report(
     if engine.model.device.type == "cpu":
         per_event = profiler_cost_per_event(wall_step_s, prof_step_s, prof_steps, times.all_events)
     star = max(budgets, key=lambda b: (b.throughput, -b.n))
-    work = _work(engine, prompts, actual, steps, times, prof_steps, probe)
+    work = _work(engine, prompts, actual, steps, times, prof_steps, probe, runs.draft_forwards)
     corrected = times.corrected(per_event)
     measured = {k: corrected.get(k, 0.0) / prof_steps for k in ALL_CLASSES}
     hw, rows = floors_checked(  # a kernel beating its floor: re-calibrate, note it
@@ -379,6 +381,7 @@ def _work(
     times: ClassTimes,
     prof_steps: int,
     drafter: Drafter | None,
+    draft_forwards: int = 0,
 ) -> dict[str, Work]:
     """Roofline work per decode step of every class, in :data:`ALL_CLASSES` order."""
     model = engine.model
@@ -397,6 +400,8 @@ def _work(
     if isinstance(draft_model, Transformer):
         fwd = times.draft_o_proj / draft_model.cfg.n_layers / prof_steps
         draft = draft_model_work(draft_model.cfg.n_params, fwd, draft_model.dtype.itemsize)
+    elif (trained := trained_net(drafter)) is not None:  # head / block: its net per forward
+        draft = trained_drafter_work(trained.net, draft_forwards / prof_steps)
     work["drafter"] = draft
     work["prefill"] = prefill_work(model.cfg, [len(ids) for _, ids in prompts], dt).scaled(
         1.0 / steps

@@ -33,14 +33,17 @@ for ``exact`` attention, which keeps an fp64 cache). Per layer (x L), except the
 causal pairs, K = 0 (nothing cached before), one LM-head row; per prompt, summed over the prompts
 and *amortized per decode step* (divided by the number of decode steps) so that it sits in the
 same per-step table. ``drafter``: training-free drafters (lookup, suffix) get a floor of 0 (their
-useful arithmetic is negligible); a drafter that runs a specpilot draft model gets a bytes floor
-of one read of its weights per draft forward. Attention FLOPs of ``exact`` attention are fp64 and
+useful arithmetic is negligible); a drafter that runs a network - a specpilot draft model, or
+the trained head / block drafter (:func:`trained_drafter_work`) - reads its weights once and
+does 2 FLOPs per weight and row (at least one row) per draft forward: ``drafter`` work =
+forwards per step x (W bytes, 2 P FLOPs). Attention FLOPs of ``exact`` attention are fp64 and
 are held against the device's fp64 peak.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from specpilot.config import ModelConfig
 
@@ -156,8 +159,46 @@ def prefill_work(cfg: ModelConfig, prompt_lens: list[int], dt: Dtypes) -> Work:
 
 
 def draft_model_work(params: int, forwards_per_step: float, weight_bytes: int) -> Work:
-    """Bytes floor of a draft model: its weights read once per draft forward."""
-    return Work(0.0, float(params) * weight_bytes * forwards_per_step)
+    """A draft model's floor: its weights read once and 2 FLOPs per weight (one row) per draft
+    forward."""
+    return Work(2.0 * params * forwards_per_step, float(params) * weight_bytes * forwards_per_step)
+
+
+def trained_net(drafter: Any, depth: int = 3) -> Any | None:
+    """The trained drafter inside ``drafter`` (itself, or wrapped by union / hybrid / adaptive
+    drafters): the object with a ``net`` and a ``forwards`` counter; None without one."""
+    if hasattr(drafter, "net") and isinstance(getattr(drafter, "forwards", None), int):
+        return drafter
+    if depth == 0:
+        return None
+    for name in ("trained", "primary", "fallback", "inner"):
+        inner = getattr(drafter, name, None)
+        if inner is not None and (found := trained_net(inner, depth - 1)) is not None:
+            return found
+    return None
+
+
+def trained_drafter_work(net: object, forwards_per_step: float) -> Work:
+    """Floor of a trained head / block drafter (a FeatureNet): every forward runs the input
+    projection, its layers and the attached LM-head rows (every forward is followed by logits of
+    at least one row), so reads those weights once and does 2 FLOPs per weight of each. The
+    fuse projection (committed tokens only) and the embedding lookup are left out: a floor may
+    only undercount. Weight bytes are as packed (a bf16 LM head counts 2 bytes per weight)."""
+    import torch
+
+    assert isinstance(net, torch.nn.Module)
+    params, nbytes = 0, 0
+    for name, w in net.named_parameters():
+        if name.startswith(("in_proj", "layers.")):
+            params += w.numel()
+            nbytes += w.numel() * w.element_size()
+    head = getattr(net, "head", None)
+    if isinstance(head, torch.Tensor):
+        packed = getattr(net, "head_fn", None)
+        size = 2 if type(packed).__name__ == "_Bf16Linear" else head.element_size()
+        params += head.numel()
+        nbytes += head.numel() * size
+    return Work(2.0 * params * forwards_per_step, float(nbytes) * forwards_per_step)
 
 
 def floor_s(

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from specpilot.costmodel.measure import ClassTimes, profiled
+from specpilot.costmodel.roofline import trained_net
 from specpilot.drafters.base import Drafter
 from specpilot.engine import Engine, GenerationConfig, GenerationResult
 from specpilot.errors import SpecPilotError
@@ -61,6 +62,8 @@ class Runs:
     profiled: list[GenerationResult]
     times: ClassTimes
     forcing: tuple[ForcingReport, ForcingReport]
+    draft_forwards: int = 0
+    """Forwards of the profiled run's trained drafter (head / block), if it has one."""
 
     @property
     def mismatches(self) -> int:
@@ -130,6 +133,8 @@ def timed_runs(
         if progress is not None:
             progress("run", i + 1, len(prompts))
     out.forcing = reps
+    trained = trained_net(d_prof)
+    out.draft_forwards = int(getattr(trained, "forwards", 0))
     return out
 
 
