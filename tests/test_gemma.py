@@ -6,6 +6,7 @@ vocabulary checked against transformers' own GGUF tokenizer), BOS and chat-less 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from specpilot.config import ModelConfig
 from specpilot.drafters import make_drafter
 from specpilot.engine import Engine, EngineConfig, GenerationConfig
 from specpilot.errors import ConfigError, ModelLoadError
-from specpilot.loading import load_model
+from specpilot.loading import gemma_gguf, load_model
 from specpilot.loading.hf import build_model
 from specpilot.model import Transformer, causal_mask
 from specpilot.peers.hf import HFGreedy
@@ -370,6 +371,35 @@ def test_chat_prompt_without_template_runs_as_plain_text(gguf_pair: tuple[Any, P
     assert tok.chat_template is None
     plain = [2, TOKENS.index("ab")]
     assert tok.encode_prompt("ab", chat=True) == tok.encode_prompt("ab", chat=False) == plain
+
+
+def tiny_gemma_tokenizer() -> Any:
+    meta = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": TOKENS,
+        "tokenizer.ggml.token_type": TYPES,
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.unknown_token_id": 3,
+        "tokenizer.ggml.add_bos_token": True,
+    }
+    return gemma_gguf.tokenizer_from_gguf(meta, Path("tiny.gguf"))
+
+
+def test_hf_directory_loads(tmp_path: Path) -> None:
+    hf = hf_model(seed=4, vocab_size=len(TOKENS))
+    hf.save_pretrained(tmp_path)
+    tiny_gemma_tokenizer().save(tmp_path)
+    lm = load_model(str(tmp_path))
+    assert lm.cfg.gemma and lm.tokenizer.add_bos and lm.tokenizer.encode_prompt("ab", False)[0] == 2
+    assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
+    ids = prompt(seed=4)
+    lm.model.setup_cache(SEQ)
+    torch.testing.assert_close(our_logits(lm.model, ids), hf_logits(hf, ids), rtol=0, atol=2e-5)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "gemma3"}))
+    with pytest.raises(ConfigError, match="Gemma3ForConditionalGeneration"):
+        load_model(str(tmp_path))
 
 
 # -- the packaged model --------------------------------------------------------------------------

@@ -268,16 +268,14 @@ def _gemma_hf(cfg: ModelConfig) -> dict[str, Any]:
 
 def window_mask(
     mask: Tensor | None, positions: Tensor, slots: int | Tensor, kv_len: int, size: int, window: int
-) -> Tensor | None:
+) -> Tensor:
     """``mask`` restricted to keys at positions ``> p - window`` for a query at position ``p``.
 
     By position, not slot: the keys this call writes (``slots``) are at ``positions`` (tree nodes:
     prefix length + depth); every other cached key is at its slot (the committed prefix, which
-    the verify step keeps contiguous). ``size``: the cache's slot count. Returns ``mask`` itself
-    while no query is past the window.
+    the verify step keeps contiguous). ``size``: the cache's slot count. No data-dependent branch
+    (CUDA graphs capture it): short contexts get a mask that excludes nothing.
     """
-    if int(positions.max()) < window:
-        return mask
     b = positions.shape[0]
     kpos = torch.arange(size, device=positions.device).repeat(b, 1)  # (B, size)
     if isinstance(slots, int):
