@@ -82,40 +82,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from specpilot.loading import load_model
-    from specpilot.training.distill import TrainConfig, train_drafter
+    from specpilot.training.distill import train_drafter
     from specpilot.training.output import check_out, check_taps
 
-    taps: tuple[int, ...] = ()
-    if args.taps:
-        try:
-            taps = tuple(int(x) for x in args.taps.split(","))
-        except ValueError:
-            raise ConfigError(
-                f"--taps must be comma-separated integers, got {args.taps!r}"
-            ) from None
-    cfg = TrainConfig(
-        kind=args.kind,
-        sources=tuple(args.data or ("code", "chat", "text")),
-        minutes=args.minutes,
-        gen_minutes=args.gen_minutes,
-        max_new_tokens=args.max_new_tokens,
-        gen_batch=args.gen_batch,
-        text_tokens=args.text_tokens,
-        max_prompts=args.max_prompts,
-        seq_len=args.seq_len,
-        batch=args.batch,
-        unroll=args.unroll,
-        block=args.block,
-        lr=args.lr,
-        loss_share=args.loss_share,
-        ffn=args.ffn,
-        draft_vocab=args.draft_vocab,
-        taps=taps,
-        eval_prompts=args.eval_prompts,
-        eval_tokens=args.eval_tokens,
-        eval_budget=args.eval_budget,
-        seed=args.seed,
-    )
+    cfg = _config(args)
     out = check_out(args.out, overwrite=args.overwrite, resume=args.resume)
     if args.threads is not None:
         if args.threads <= 0:
@@ -164,6 +134,43 @@ def run(args: argparse.Namespace) -> int:
             soft_wrap=True,
         )
     return 0
+
+
+def _config(args: argparse.Namespace) -> Any:
+    """The TrainConfig of the flags (validated: a bad value fails before anything loads)."""
+    from specpilot.training.distill import TrainConfig
+
+    taps: tuple[int, ...] = ()
+    if args.taps:
+        try:
+            taps = tuple(int(x) for x in args.taps.split(","))
+        except ValueError:
+            raise ConfigError(
+                f"--taps must be comma-separated integers, got {args.taps!r}"
+            ) from None
+    return TrainConfig(
+        kind=args.kind,
+        sources=tuple(args.data or ("code", "chat", "text")),
+        minutes=args.minutes,
+        gen_minutes=args.gen_minutes,
+        max_new_tokens=args.max_new_tokens,
+        gen_batch=args.gen_batch,
+        text_tokens=args.text_tokens,
+        max_prompts=args.max_prompts,
+        seq_len=args.seq_len,
+        batch=args.batch,
+        unroll=args.unroll,
+        block=args.block,
+        lr=args.lr,
+        loss_share=args.loss_share,
+        ffn=args.ffn,
+        draft_vocab=args.draft_vocab,
+        taps=taps,
+        eval_prompts=args.eval_prompts,
+        eval_tokens=args.eval_tokens,
+        eval_budget=args.eval_budget,
+        seed=args.seed,
+    )
 
 
 def _bar(console: Any) -> Any:

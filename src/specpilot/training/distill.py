@@ -190,6 +190,25 @@ def train_drafter(
         st.d["vocab"] = vocab.tolist()
         st.save()
 
+    net = _new_net(loaded, cfg, taps, vocab)
+    eval_ids = [tok.encode_prompt(p.text, chat=p.chat) for p in eval_p]
+    if "eval_init" not in st.d:
+        report("evaluate", 0, 1, {})
+        st.d["eval_init"] = evaluate(loaded, net, eval_ids, cfg)
+        st.d["eval_init_prompts"] = [p.id for p in eval_p]
+        st.save()
+    steps, train_s = _train(net, seqs, store, cfg, work, st, report)
+    report("evaluate", 0, 1, {})
+    final = evaluate(loaded, net, eval_ids, cfg)
+    record = _record(loaded, cfg, command, st, (train_p, eval_p, seqs), steps, train_s, final)
+    aside = save_output(net, out, record)
+    st.save()  # the final evaluation's time counts toward a later --resume's wall time
+    return TrainResult(out, steps, train_s, n_tokens, st.d["eval_init"], final, aside)
+
+
+def _new_net(loaded: Any, cfg: TrainConfig, taps: tuple[int, ...], vocab: Tensor) -> FeatureNet:
+    """A freshly initialized drafter network for the target, its embedding and LM head attached."""
+    model = loaded.model
     net_cfg = FeatureNetConfig(
         kind=cfg.kind,
         dim=model.cfg.dim,
@@ -210,16 +229,22 @@ def train_drafter(
     net.vocab_ids.copy_(vocab)
     net.to(model.device)  # trained in fp32 on the target's device
     net.attach(model.model.embed_tokens.weight, model.head_weight())
-    eval_ids = [tok.encode_prompt(p.text, chat=p.chat) for p in eval_p]
-    if "eval_init" not in st.d:
-        report("evaluate", 0, 1, {})
-        st.d["eval_init"] = evaluate(loaded, net, eval_ids, cfg)
-        st.d["eval_init_prompts"] = [p.id for p in eval_p]
-        st.save()
-    steps, train_s = _train(net, seqs, store, cfg, work, st, report)
-    report("evaluate", 0, 1, {})
-    final = evaluate(loaded, net, eval_ids, cfg)
-    record = {
+    return net
+
+
+def _record(
+    loaded: Any,
+    cfg: TrainConfig,
+    command: str,
+    st: _State,
+    data: tuple[list[Any], list[Any], list[Sequence]],
+    steps: int,
+    train_s: float,
+    final: dict[str, float],
+) -> dict[str, Any]:
+    """The drafter's training record: how it was made (command, data, machine, figures)."""
+    train_p, eval_p, seqs = data
+    return {
         "command": command,
         "config": asdict(cfg),
         "data": {
@@ -228,7 +253,7 @@ def train_drafter(
             "prompts_generated": st.d.get("next_prompt", 0),
             "eval_prompt_ids": [p.id for p in eval_p],
             "sequences": len(seqs),
-            "tokens": n_tokens,
+            "tokens": sum(len(s.tokens) for s in seqs),
             "disjoint_from": ["humaneval", "chat"],
         },
         "target": {"source": loaded.source, "fingerprint": loaded.fingerprint},
@@ -245,9 +270,6 @@ def train_drafter(
         "eval_init": st.d["eval_init"],
         "eval_final": final,
     }
-    aside = save_output(net, out, record)
-    st.save()  # the final evaluation's time counts toward a later --resume's wall time
-    return TrainResult(out, steps, train_s, n_tokens, st.d["eval_init"], final, aside)
 
 
 def _collect(
