@@ -373,3 +373,18 @@ def test_native_weights_option_is_validated(native_gguf) -> None:  # type: ignor
     path, cache_dir = native_gguf
     with pytest.raises(ModelLoadError, match="weights must be one of fp32, native"):
         load_model(str(path), cache_dir=cache_dir, weights="int4")
+
+
+def test_cli_weights_native(native_gguf, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    from specpilot.cli import main
+
+    path, _ = native_gguf
+    texts = []
+    for drafter in ("none", "suffix"):
+        argv = ["generate", "--model", str(path), "--weights", "native", "--prompt", "a b a b",
+                "--no-chat", "--max-new-tokens", "16", "--drafter", drafter]  # fmt: skip
+        assert main(argv) == 0
+        out = capsys.readouterr()
+        assert "specpilot: note: blk.1.ffn_down.weight: Q5_1 has no native kernel" in out.err
+        texts.append(out.out)
+    assert texts[0] == texts[1] and texts[0].strip()

@@ -44,6 +44,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         choices=["onednn", "torch"],
         help="CPU fp32 GEMM backend (default: onednn, prepacked and batch-invariant)",
     )
+    g.add_argument(
+        "--weights",
+        default=None,
+        choices=["fp32", "native"],
+        help="GGUF weights: fp32 = dequantized (default); native = projections run on the "
+        "file's blocks (specpilot.kernels, fixed-order fp32 kernels)",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
@@ -248,6 +255,8 @@ def _setup(
     from specpilot.plan_setup import setup
 
     s = setup(args, hf_peers)
+    for note in s.loaded.notes:
+        print(f"specpilot: note: {note}", file=sys.stderr)
     return s.loaded, s.engine, s.candidates, s.peers
 
 

@@ -163,15 +163,17 @@ def load_plans(args: argparse.Namespace) -> tuple[Any, list[tuple[str | None, An
     from specpilot.plan import load_plan
     from specpilot.runtime import plan_options
 
+    weights = getattr(args, "weights", None) or "fp32"
     if getattr(args, "plan", None):
         check_plan_flags(args)
         plan = load_plan(args.plan)
         plan_options(plan)  # bad options fail before the model loads
         ecfg = plan.engine
-        return load_model(args.model, device=ecfg.device, dtype=ecfg.torch_dtype), [(None, plan)]
+        loaded = load_model(args.model, device=ecfg.device, dtype=ecfg.torch_dtype, weights=weights)
+        return loaded, [(None, plan)]
     check_flags(args)
     ecfg = engine_config(args)
-    loaded = load_model(args.model, device=ecfg.device, dtype=ecfg.torch_dtype)
+    loaded = load_model(args.model, device=ecfg.device, dtype=ecfg.torch_dtype, weights=weights)
     pairs: list[tuple[str | None, Any]] = list(flag_plans(args, loaded))
     return loaded, pairs
 
@@ -192,6 +194,8 @@ def setup(args: argparse.Namespace, hf_peers: bool = False) -> Setup:
     if wants_model:
         draft = load_model(args.draft_model, device=ecfg.device, dtype=ecfg.torch_dtype)
     peers: list[Any] = []
+    if hf_peers and loaded.model.native:
+        raise ConfigError("the Hugging Face peers need the fp32 weights: drop --weights native")
     if hf_peers:  # built from the same weights, before the engine prepacks them
         from specpilot.peers.hf import build_hf_model, make_hf_peers
 
