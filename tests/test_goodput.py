@@ -185,3 +185,33 @@ def test_a_drafter_that_skips_steps_drafts_as_if_it_never_had(name: str) -> None
             b = skipping.propose(ctx("skip"))
             assert a.tokens.tolist() == b.tokens.tolist(), (name, n)
             assert a.parents.tolist() == b.parents.tolist(), (name, n)
+
+
+def test_packed_verify_gives_the_padded_bits() -> None:
+    """A packed batched verify (real rows only) computes every real row's logits and hidden
+    states bit for bit as the padded one, and commits the same caches."""
+    from specpilot.verify import VerifyRow, verify_step
+
+    outs = []
+    for packed in (False, True):
+        model = tiny_model("llama", seed=3, std=0.12)
+        beng = BatchEngine(model, EngineConfig(), BatchConfig(max_batch=3, max_len=128))
+        for p in PROMPTS:
+            beng.add(BatchRequest(list(p), GEN))
+        trees = [
+            DraftTree.chain([9, 9, 9, 9]),
+            DraftTree.empty(),
+            DraftTree.from_parents([1, 2, 3], [-1, -1, 0]),
+        ]
+        rows = [VerifyRow(s.committed[-1], s.cache_len, t) for s, t in zip(beng.slots, trees,
+                                                                             strict=True)]
+        res = verify_step(model, rows, (1, 2), cache_rows=slice(0, 3), scratch=127,
+                          packed=packed)
+        cache = model.model.layers[0].self_attn.cache
+        n = min(s.cache_len for s in beng.slots) + 1
+        outs.append((res, cache.k[:, :, :n].clone()))
+    (a, ka), (b, kb) = outs
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x.logits, y.logits) and x.path == y.path and x.tokens == y.tokens
+        assert all(torch.equal(h, g) for h, g in zip(x.hidden, y.hidden, strict=True))
+    assert torch.equal(ka, kb)

@@ -92,6 +92,9 @@ class BatchConfig:
     """Verify only draft nodes whose expected gain (path acceptance probability, ``exp(score)``)
     is at least this; 0 = every node the budget allows. A verified row costs target compute, so
     at large batch sizes unlikely nodes cost more than they return."""
+    packed: bool = True
+    """Run the verify forward's row-wise work on the real rows only (no padding to the widest
+    tree; :class:`specpilot.model.Packing`); the output is the same bits either way."""
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -321,7 +324,7 @@ class BatchEngine:
             trees.append(tree)
         if sel is not None:
             sel.note_draft(time.perf_counter() - t0)
-            return sel.select(trees)
+            return sel.select(trees, packed=self.bcfg.packed)
         if any(t.size for t in trees):
             total = self.bcfg.budget.total(len(self.slots))
             trees = allocate_nodes(trees, total, self.bcfg.min_gain)
@@ -371,10 +374,17 @@ class BatchEngine:
         ]
         tv = time.perf_counter()
         outcomes = verify_step(
-            self.model, rows, taps, cache_rows=slice(0, len(slots)), scratch=self.max_len - 1
+            self.model,
+            rows,
+            taps,
+            cache_rows=slice(0, len(slots)),
+            scratch=self.max_len - 1,
+            packed=self.bcfg.packed,
         )
         if self.selector is not None and self.cfg.goodput:
-            self.selector.observe(trees, [o.path for o in outcomes], time.perf_counter() - tv)
+            paths = [o.path for o in outcomes]
+            dt = time.perf_counter() - tv
+            self.selector.observe(trees, paths, dt, packed=self.bcfg.packed)
         finished: list[Slot] = []
         accepted: list[int] = []
         for s, tr, o in zip(slots, trees, outcomes, strict=True):

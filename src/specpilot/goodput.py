@@ -12,10 +12,11 @@ Three parts, each a small pure piece (the engines own the state):
   ``(B + expected accepted) / (t_verify(rows) + t_draft)``, zero nodes (plain decoding, no
   drafting) included, with hysteresis (:class:`Selector`) so the choice does not flap.
 
-Rows. The batched verify pads every sequence to the widest tree (``specpilot.verify``), so a
-step of ``B`` sequences with at most ``w`` nodes each costs ``B * (w + 1)`` rows: :func:`choose`
-picks ``w`` and keeps each sequence's ``w`` best nodes. One sequence is the same rule with
-``B = 1``: a drafter that rarely matches decays to plain decoding.
+Rows. A packed batched verify (``specpilot.verify``, ``packed=True``) costs the rows its trees
+have, ``B + nodes``: :func:`choose_packed` spends nodes where they pay most over the whole
+batch. Padded, every sequence costs the widest tree's rows, ``B * (w + 1)``: :func:`choose` picks
+``w`` and keeps each sequence's ``w`` best nodes. One sequence is the same rule with ``B = 1``:
+a drafter that rarely matches decays to plain decoding.
 
 Lossless: the selector only drops draft nodes (a subtree of the drafter's tree); verification
 and acceptance are unchanged, so the output is plain decoding's token for token.
@@ -108,7 +109,7 @@ class Choice:
     """One step's verify budget."""
 
     width: int
-    """Most draft nodes verified per sequence (0 = plain decoding)."""
+    """Most draft nodes verified per sequence (0 = plain decoding); packed: all nodes."""
     predicted_s: float
     """Predicted step time (verify + drafting)."""
     predicted_tokens: float
@@ -175,6 +176,37 @@ def choose(
     return best
 
 
+def choose_packed(
+    gains: Sequence[Sequence[float]],
+    curve: CostCurve,
+    draft_s: float,
+    max_nodes: int | None = None,
+) -> tuple[Choice, list[int]]:
+    """Packed verify (rows = B + nodes): the ``n`` nodes of highest gain over the whole batch
+    maximizing ``(B + their gains) / (curve(B + n) + draft_s if n > 0)``; the choice and the
+    nodes it gives each sequence.
+
+    >>> curve = CostCurve([1, 4, 8], [0.010, 0.011, 0.020])
+    >>> choose_packed([[0.9, 0.2], [0.8, 0.1]], curve, draft_s=0.0)[1]
+    [1, 1]
+    """
+    b = len(gains)
+    items = sorted(((g, i) for i, gs in enumerate(gains) for g in gs), reverse=True)
+    if max_nodes is not None:
+        items = items[:max_nodes]
+    best, best_n = Choice(0, curve(b), float(b)), 0
+    acc = 0.0
+    for n, (g, _) in enumerate(items, start=1):
+        acc += g
+        c = Choice(n, curve(b + n) + draft_s, b + acc)
+        if c.goodput > best.goodput:
+            best, best_n = c, n
+    counts = [0] * b
+    for _, i in items[:best_n]:
+        counts[i] += 1
+    return best, counts
+
+
 @dataclass
 class Selector:
     """Per-engine state of the goodput budget: the curve, the acceptance statistics, the last
@@ -210,9 +242,12 @@ class Selector:
         a probe every ``probe_every`` steps)."""
         return self.last is None or self.last.width > 0 or self.idle + 1 >= self.probe_every
 
-    def select(self, trees: Sequence[DraftTree]) -> list[DraftTree]:
-        """Cut every tree to this step's width (all empty for plain decoding)."""
+    def select(self, trees: Sequence[DraftTree], packed: bool = False) -> list[DraftTree]:
+        """Cut every tree to this step's budget (all empty for plain decoding); ``packed``: the
+        verify costs the rows the trees have (:func:`choose_packed`), else B x the widest."""
         gains = [node_gains(t, self.stats) for t in trees]
+        if packed and len(trees) > 1:
+            return self._select_packed(trees, gains)
         new = choose(gains, self.curve, self.draft_s)
         if self.last is not None and self.last.width != new.width:
             keep = self.last.width
@@ -227,6 +262,21 @@ class Selector:
             out.append(t if len(keep) == t.size else subtree(t, keep))
         return out
 
+    def _select_packed(
+        self, trees: Sequence[DraftTree], gains: list[list[float]]
+    ) -> list[DraftTree]:
+        new, counts = choose_packed(gains, self.curve, self.draft_s)
+        if self.last is not None and self.last.width != new.width:
+            old, old_counts = choose_packed(gains, self.curve, self.draft_s, self.last.width)
+            if new.goodput <= old.goodput * (1 + self.hysteresis):
+                new, counts = old, old_counts
+        self.last = new
+        out = []
+        for t, g, k in zip(trees, gains, counts, strict=True):
+            keep = best_nodes(t, g, k)
+            out.append(t if len(keep) == t.size else subtree(t, keep))
+        return out
+
     def note_draft(self, seconds: float) -> None:
         self.idle = 0
         self.draft_s = seconds if self.draft_s == 0 else 0.8 * self.draft_s + 0.2 * seconds
@@ -235,13 +285,17 @@ class Selector:
         self.idle += 1
 
     def observe(
-        self, trees: Sequence[DraftTree], paths: Sequence[Sequence[int]], verify_s: float
+        self,
+        trees: Sequence[DraftTree],
+        paths: Sequence[Sequence[int]],
+        verify_s: float,
+        packed: bool = False,
     ) -> None:
         """After a step: acceptance statistics and the curve at the step's rows."""
         for t, p in zip(trees, paths, strict=True):
             self.stats.observe(t, p)
         width = max((t.size for t in trees), default=0)
-        rows = len(trees) * (1 + width)
+        rows = len(trees) + sum(t.size for t in trees) if packed else len(trees) * (1 + width)
         self.log.append((len(trees), rows, self.curve(rows), verify_s))
         del self.log[:-256]
         self.steps += 1

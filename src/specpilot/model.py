@@ -165,6 +165,32 @@ class KVCache(nn.Module):
         self.v[dst, :, :n] = self.v[src, :, :n]
 
 
+@dataclass(frozen=True)
+class Packing:
+    """The real rows of a padded (B, T) verify block: row-wise ops (norms, projections, RoPE,
+    MLP, LM head) run on them only, attention on the padded layout (each row's result is the
+    same bits either way: every row-wise kernel is batch-invariant)."""
+
+    index: Tensor
+    """(R,) long: positions of the real rows in the flattened (B * T) layout, ascending."""
+    batch: int
+    width: int
+
+    def rows(self, a: Tensor) -> Tensor:
+        """(B, T) -> (1, R)."""
+        return a.reshape(-1)[self.index][None]
+
+    def pack(self, a: Tensor) -> Tensor:
+        """(B, T, ...) -> (1, R, ...)."""
+        return a.reshape(self.batch * self.width, *a.shape[2:])[self.index][None]
+
+    def unpack(self, a: Tensor) -> Tensor:
+        """(1, R, ...) -> (B, T, ...), pad rows zero."""
+        out = a.new_zeros(self.batch * self.width, *a.shape[2:])
+        out[self.index] = a[0]
+        return out.view(self.batch, self.width, *a.shape[2:])
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -190,8 +216,10 @@ class Attention(nn.Module):
         kv_len: int,
         mask: Tensor | None,
         rows: slice | None = None,
+        pack: Packing | None = None,
     ) -> Tensor:
-        # x: (B, T, dim); cos/sin: (B, T, 1, head_dim); mask: (B, T, kv_len) bool or None
+        # x: (B, T, dim), or (1, R, dim) packed rows; cos/sin: (B, T, 1, head_dim) (packed
+        # likewise); mask: (B, T, kv_len) bool or None, always in the padded layout
         b, t, _ = x.shape
         h, hk, hd = self.n_heads, self.n_kv, self.head_dim
         with kernel_range("qkv"):
@@ -206,6 +234,9 @@ class Attention(nn.Module):
             if self.q_norm is not None:
                 qk = torch.cat([self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])], dim=2)
             qk = (qk * cos) + (rotate_half(qk) * sin)  # RoPE on q and k at once
+        if pack is not None:  # linears ran on the real rows; attention on the padded layout
+            qk, v = pack.unpack(qk), pack.unpack(v)
+            b, t = pack.batch, pack.width
         q = qk[:, :, :h].transpose(1, 2)  # (B, H, T, hd)
         k = qk[:, :, h:].transpose(1, 2)  # (B, Hk, T, hd)
         v = v.transpose(1, 2)
@@ -225,6 +256,8 @@ class Attention(nn.Module):
                     q, keys, vals, attn_mask=m, enable_gqa=True, scale=self.scale
                 )
             o = o.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H*hd)
+            if pack is not None:
+                o = pack.pack(o)  # (1, R, H*hd)
         with kernel_range("o_proj"):
             return self.o_proj(o)
 
@@ -282,11 +315,12 @@ class Block(nn.Module):
         kv_len: int,
         mask: Tensor | None,
         rows: slice | None = None,
+        pack: Packing | None = None,
     ) -> Tensor:
         with kernel_range("qkv"):
             a = self.input_layernorm(x)
         if self.gemma:
-            a = self.self_attn(a, cos, sin, slots, kv_len, mask, rows)
+            a = self.self_attn(a, cos, sin, slots, kv_len, mask, rows, pack)
             with kernel_range("o_proj"):
                 h = x + self.post_attention_layernorm(a)
             with kernel_range("gate_up"):
@@ -294,7 +328,7 @@ class Block(nn.Module):
             a = self.mlp(a)
             with kernel_range("down"):
                 return h + self.post_feedforward_layernorm(a)
-        h = x + self.self_attn(a, cos, sin, slots, kv_len, mask, rows)
+        h = x + self.self_attn(a, cos, sin, slots, kv_len, mask, rows, pack)
         with kernel_range("gate_up"):
             a = self.post_attention_layernorm(h)
         return h + self.mlp(a)
@@ -456,6 +490,7 @@ class Transformer(nn.Module):
         logits_rows: Tensor | slice | None = None,
         hidden_layers: tuple[int, ...] = (),
         cache_rows: slice | None = None,
+        pack: Packing | None = None,
     ) -> ForwardOut:
         """Run new tokens against the cache.
 
@@ -467,19 +502,25 @@ class Transformer(nn.Module):
         mask:      (B, T, kv_len) bool, True = may attend; None = every row sees all kv_len keys
         logits_rows: which of the T rows need logits (None = all); ``slice(0, 0)`` = none
         cache_rows: the B cache rows (batch entries) this call uses; None = all of them
+        pack:      run every row-wise op on the real rows ``pack.index`` of the (B, T) layout
+                   only (attention keeps the padded layout); logits and hidden states are then
+                   (1, R, .) in packed order
         """
         assert self._cos is not None, "call setup_cache() first"
         assert tokens.shape == positions.shape, (tokens.shape, positions.shape)
         assert kv_len <= self.max_len, f"kv_len {kv_len} exceeds cache size {self.max_len}"
-        x = self.model.embed_tokens(tokens)  # (B, T, dim)
+        ids, rope_pos = tokens, positions
+        if pack is not None:  # (1, R): the real rows
+            ids, rope_pos = pack.rows(tokens), pack.rows(positions)
+        x = self.model.embed_tokens(ids)  # (B, T, dim) or (1, R, dim)
         if self.cfg.gemma:  # scaled in the model dtype, as Hugging Face does
             x = x * torch.tensor(self.cfg.dim**0.5).to(x.dtype)
-        full = (self._cos[positions].unsqueeze(2), self._sin[positions].unsqueeze(2), mask)
+        full = (self._cos[rope_pos].unsqueeze(2), self._sin[rope_pos].unsqueeze(2), mask)
         local = full  # cos/sin (B, T, 1, head_dim) and the mask of the sliding layers
         if self._local is not None:
             local = (
-                self._local[0][positions].unsqueeze(2),
-                self._local[1][positions].unsqueeze(2),
+                self._local[0][rope_pos].unsqueeze(2),
+                self._local[1][rope_pos].unsqueeze(2),
                 window_mask(mask, positions, slots, kv_len, self.max_len, self.cfg.sliding_window),
             )
         want = set(hidden_layers)
@@ -488,7 +529,7 @@ class Transformer(nn.Module):
             if i in want:
                 hidden[i] = x
             cos, sin, m = local if self._sliding[i] else full
-            x = layer(x, cos, sin, slots, kv_len, m, cache_rows)
+            x = layer(x, cos, sin, slots, kv_len, m, cache_rows, pack)
         with kernel_range("lm_head"):
             x = self.model.norm(x)
         if self.cfg.n_layers in want:

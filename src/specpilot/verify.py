@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specpilot.model import ForwardOut, Transformer, causal_mask
+from specpilot.model import ForwardOut, Packing, Transformer, causal_mask
 from specpilot.sampling import Sampler
 from specpilot.tree import Acceptance, DraftTree, tree_mask, verify_greedy
 
@@ -111,8 +111,9 @@ def forward(
     inputs: VerifyInputs,
     taps: tuple[int, ...] = (),
     cache_rows: slice | None = None,
+    pack: Packing | None = None,
 ) -> ForwardOut:
-    """The target forward of a verify step (logits for every row)."""
+    """The target forward of a verify step (logits for every row, or every real row)."""
     return model(
         inputs.tokens,
         inputs.positions,
@@ -121,7 +122,19 @@ def forward(
         inputs.mask,
         hidden_layers=taps,
         cache_rows=cache_rows,
+        pack=pack,
     )
+
+
+def packing(rows: Sequence[VerifyRow], device: torch.device) -> tuple[Packing, list[int]]:
+    """The real rows of the verify block of ``rows`` (each row's root and nodes, no pads) and
+    the offset of each sequence's first row among them."""
+    t = 1 + max(r.tree.size for r in rows)
+    index, offsets = [], []
+    for i, r in enumerate(rows):
+        offsets.append(len(index))
+        index.extend(range(i * t, i * t + r.tree.size + 1))
+    return Packing(torch.tensor(index, device=device), len(rows), t), offsets
 
 
 def accept(tree: DraftTree, logits: Tensor, sampler: Sampler | None = None) -> Acceptance:
@@ -151,23 +164,30 @@ def verify_step(
     taps: tuple[int, ...] = (),
     cache_rows: slice | None = None,
     scratch: int | None = None,
+    packed: bool = False,
 ) -> list[StepOutcome]:
     """Verify every row's tree in one forward, accept, and commit each row's path.
 
     Row i of ``rows`` uses cache row i (of ``cache_rows``); ``scratch`` is the cache slot pad
-    rows write to (default: the last slot of the cache).
+    rows write to (default: the last slot of the cache). ``packed``: the row-wise work of the
+    forward runs on the real rows only (:class:`specpilot.model.Packing`), so a step costs the
+    rows its trees have, not B x the widest tree's.
     """
     assert rows, "a verify step needs at least one sequence"
     scratch = model.max_len - 1 if scratch is None else scratch
-    out = forward(model, build_inputs(rows, model.device, scratch), taps, cache_rows)
+    pack, offsets = None, [0] * len(rows)
+    if packed and len(rows) > 1:
+        pack, offsets = packing(rows, model.device)
+    out = forward(model, build_inputs(rows, model.device, scratch), taps, cache_rows, pack)
     assert out.logits is not None
     outcomes = []
     for i, r in enumerate(rows):
-        logits = out.logits[i, : r.tree.size + 1]  # (n+1, V)
+        b, o = (i, 0) if pack is None else (0, offsets[i])
+        logits = out.logits[b, o : o + r.tree.size + 1]  # (n+1, V)
         acc = accept(r.tree, logits, r.sampler)
         commit(model, r.cache_len, acc.path, _cache_row(cache_rows, i, len(rows)))
-        keep = committed_rows(acc.path)
-        hidden = tuple(h[i, keep] for h in out.hidden)
+        keep = [o + j for j in committed_rows(acc.path)]
+        hidden = tuple(h[b, keep] for h in out.hidden)
         outcomes.append(StepOutcome(acc.path, list(acc.tokens), logits, hidden))
     return outcomes
 
