@@ -312,8 +312,9 @@ def test_lossy_plan_stops_the_profile_with_the_forcing_report(
     assert d.prompt_id == "a" and d.ref_margin is not None  # the reference recorded margins
     assert "MISMATCH" in str(e.value) and rep.summary() in str(e.value)
     assert timed == []  # nothing of the lossy plan was profiled or timed
-    # plain AR has no draft tokens to accept wrongly: the same verifier profiles fine
-    _check_report(_profile("none"))
+    # plain AR has no draft tokens to accept wrongly: the same verifier profiles it to the end
+    ar = _profile("none", tokens=8)
+    assert ar.forcing.startswith("PASS: 2 prompts") and ar.mismatches == 0 and ar.steps == 2 * 7
 
 
 SLEEP = 0.005  # large against the tiny model's ~1 ms step, so timing noise cannot hide it
