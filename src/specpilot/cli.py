@@ -12,6 +12,7 @@ from typing import Any
 from specpilot import __version__
 from specpilot.defaults import UNION_DEFAULTS
 from specpilot.errors import ConfigError, SpecPilotError
+from specpilot.outpaths import check_output_path
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -323,7 +324,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     workload = None if args.prompts else (args.workload or "humaneval")
     prompts = load_workload(workload, prompts_file=args.prompts, limit=args.limit)
     if args.json:
-        _check_writable(Path(args.json))
+        check_output_path(args.json, "--json")
     loaded, engine, candidates, peers = _setup(args, hf_peers="hf" in args.peers)
     tok = loaded.tokenizer
     encoded = [(p.id, tok.encode_prompt(p.text, chat=p.chat)) for p in prompts]
@@ -456,12 +457,6 @@ def progress_bar(console: Any) -> Any:
         console=console,
         transient=True,
     )
-
-
-def _check_writable(path: Path) -> None:
-    from specpilot.outpaths import check_output_path
-
-    check_output_path(path, "--json")
 
 
 def _render_bench(console: Any, res: Any) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import random
 import shutil
 import time
@@ -45,7 +44,13 @@ from specpilot.training.features import (
     save_shard,
     teacher_forced,
 )
-from specpilot.training.output import check_out, check_taps, save_output, work_dir
+from specpilot.training.output import (
+    check_out,
+    check_taps,
+    save_output,
+    training_record,
+    work_dir,
+)
 
 Progress = Callable[[str, float, float, dict[str, float]], None]
 
@@ -200,7 +205,9 @@ def train_drafter(
     steps, train_s = _train(net, seqs, store, cfg, work, st, report)
     report("evaluate", 0, 1, {})
     final = evaluate(loaded, net, eval_ids, cfg)
-    record = _record(loaded, cfg, command, st, (train_p, eval_p, seqs), steps, train_s, final)
+    record = training_record(
+        loaded, asdict(cfg), command, st, (train_p, eval_p, seqs), steps, train_s, final
+    )
     aside = save_output(net, out, record)
     st.save()  # the final evaluation's time counts toward a later --resume's wall time
     return TrainResult(out, steps, train_s, n_tokens, st.d["eval_init"], final, aside)
@@ -230,46 +237,6 @@ def _new_net(loaded: Any, cfg: TrainConfig, taps: tuple[int, ...], vocab: Tensor
     net.to(model.device)  # trained in fp32 on the target's device
     net.attach(model.model.embed_tokens.weight, model.head_weight())
     return net
-
-
-def _record(
-    loaded: Any,
-    cfg: TrainConfig,
-    command: str,
-    st: _State,
-    data: tuple[list[Any], list[Any], list[Sequence]],
-    steps: int,
-    train_s: float,
-    final: dict[str, float],
-) -> dict[str, Any]:
-    """The drafter's training record: how it was made (command, data, machine, figures)."""
-    train_p, eval_p, seqs = data
-    return {
-        "command": command,
-        "config": asdict(cfg),
-        "data": {
-            "sources": list(cfg.sources),
-            "train_prompts": len(train_p),
-            "prompts_generated": st.d.get("next_prompt", 0),
-            "eval_prompt_ids": [p.id for p in eval_p],
-            "sequences": len(seqs),
-            "tokens": sum(len(s.tokens) for s in seqs),
-            "disjoint_from": ["humaneval", "chat"],
-        },
-        "target": {"source": loaded.source, "fingerprint": loaded.fingerprint},
-        "wall_s": round(st.wall(), 1),  # every run of this work directory
-        "train_s": round(train_s, 1),
-        "gen_s": round(st.d.get("gen_s", 0.0), 1),
-        "steps": steps,
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-        },
-        "eval_init": st.d["eval_init"],
-        "eval_final": final,
-    }
 
 
 def _collect(

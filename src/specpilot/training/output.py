@@ -5,15 +5,19 @@ anything else there (a user's directory, a file, a drafter directory holding oth
 refused unless ``overwrite``, and then kept: the new drafter is written next to it, and only once
 it is complete is the old one moved aside to ``NAME.old-<time>`` (:func:`save_output`).
 ``--resume`` needs the run's work directory (``.<out>.work``) with its ``state.json``.
+:func:`training_record` is the ``training_record.json`` saved with the drafter.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from specpilot.drafters.feature_net import KINDS, FeatureNet
 from specpilot.drafters.trained import CONFIG, RECORD, WEIGHTS, save_drafter
@@ -92,3 +96,45 @@ def save_output(net: FeatureNet, out: Path, record: dict[str, Any]) -> Path | No
         os.replace(aside, out)  # put the old one back; the new drafter stays in stage
         raise
     return aside
+
+
+def training_record(
+    loaded: Any,
+    config: dict[str, Any],
+    command: str,
+    st: Any,
+    data: tuple[list[Any], list[Any], list[Any]],
+    steps: int,
+    train_s: float,
+    final: dict[str, float],
+) -> dict[str, Any]:
+    """The drafter's training record: how it was made (command, config, data, machine, figures);
+    ``st`` is the run's state (``.d`` and ``.wall()``), ``data`` (train prompts, held-out
+    prompts, sequences)."""
+    train_p, eval_p, seqs = data
+    return {
+        "command": command,
+        "config": config,
+        "data": {
+            "sources": list(config["sources"]),
+            "train_prompts": len(train_p),
+            "prompts_generated": st.d.get("next_prompt", 0),
+            "eval_prompt_ids": [p.id for p in eval_p],
+            "sequences": len(seqs),
+            "tokens": sum(len(s.tokens) for s in seqs),
+            "disjoint_from": ["humaneval", "chat"],
+        },
+        "target": {"source": loaded.source, "fingerprint": loaded.fingerprint},
+        "wall_s": round(st.wall(), 1),  # every run of this work directory
+        "train_s": round(train_s, 1),
+        "gen_s": round(st.d.get("gen_s", 0.0), 1),
+        "steps": steps,
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        },
+        "eval_init": st.d["eval_init"],
+        "eval_final": final,
+    }
