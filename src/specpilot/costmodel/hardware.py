@@ -97,19 +97,24 @@ class _Entry:
 
 
 T = 1e12
-A100_DS = "NVIDIA A100 datasheet"
+A100_DS = "NVIDIA A100 datasheet (2021)"
+H100_DS = "NVIDIA H100 datasheet (2023)"
+H200_DS = "NVIDIA H200 datasheet (2024)"
+L40S_DS = "NVIDIA L40S datasheet (2023)"
+B200_DS = "NVIDIA HGX B200 specifications (2024)"
+ADA_WP = "NVIDIA Ada whitepaper (2022)"
 # Dense figures; the datasheets print the sparse tensor figures as 2x these.
 GPU_TABLE: tuple[_Entry, ...] = (
     # NVIDIA H100 Tensor Core GPU datasheet (2023): PCIe BF16 1,513 TF sparse, 2.0 TB/s, FP64 TC 51.
-    _Entry(("h100", "pcie"), "H100 PCIe", 756 * T, 2.0e12, 51 * T, 51 * T, "NVIDIA H100 datasheet"),
+    _Entry(("h100", "pcie"), "H100 PCIe", 756 * T, 2.0e12, 51 * T, 51 * T, H100_DS),
     # Same datasheet, H100 NVL: BF16 1,671 TF sparse, 3.9 TB/s, FP64 TC 60, FP32 60.
-    _Entry(("h100", "nvl"), "H100 NVL", 835 * T, 3.9e12, 60 * T, 60 * T, "NVIDIA H100 datasheet"),
+    _Entry(("h100", "nvl"), "H100 NVL", 835 * T, 3.9e12, 60 * T, 60 * T, H100_DS),
     # Same datasheet, H100 SXM: BF16 1,979 TF sparse, 3.35 TB/s HBM3, FP64 TC 67, FP32 67.
-    _Entry(("h100",), "H100 SXM", 989 * T, 3.35e12, 67 * T, 67 * T, "NVIDIA H100 datasheet"),
+    _Entry(("h100",), "H100 SXM", 989 * T, 3.35e12, 67 * T, 67 * T, H100_DS),
     # NVIDIA H200 Tensor Core GPU datasheet (2024): NVL BF16 1,671 TF sparse, 4.8 TB/s, FP64 TC 60.
-    _Entry(("h200", "nvl"), "H200 NVL", 835 * T, 4.8e12, 60 * T, 60 * T, "NVIDIA H200 datasheet"),
+    _Entry(("h200", "nvl"), "H200 NVL", 835 * T, 4.8e12, 60 * T, 60 * T, H200_DS),
     # Same datasheet, H200 SXM: BF16 1,979 TF sparse, 4.8 TB/s HBM3e, FP64 TC 67, FP32 67.
-    _Entry(("h200",), "H200 SXM", 989 * T, 4.8e12, 67 * T, 67 * T, "NVIDIA H200 datasheet"),
+    _Entry(("h200",), "H200 SXM", 989 * T, 4.8e12, 67 * T, 67 * T, H200_DS),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TF dense, FP64 TC 19.5, FP32 19.5;
     # 40GB 1,555 GB/s; 80GB PCIe 1,935 GB/s; 80GB SXM 2,039 GB/s.
     _Entry(("a100", "40gb"), "A100 40GB", 312 * T, 1.555e12, 19.5 * T, 19.5 * T, A100_DS),
@@ -117,13 +122,13 @@ GPU_TABLE: tuple[_Entry, ...] = (
     _Entry(("a100",), "A100 80GB SXM", 312 * T, 2.039e12, 19.5 * T, 19.5 * T, A100_DS),
     # NVIDIA L40S datasheet (2023): BF16 733 TF sparse (362.05 dense), FP32 91.6 TF, 864 GB/s
     # GDDR6; FP64 is not listed (Ada runs it at 1/64 of FP32: 1.4 TF).
-    _Entry(("l40s",), "L40S", 362.05 * T, 864e9, 1.43 * T, 91.6 * T, "NVIDIA L40S datasheet"),
+    _Entry(("l40s",), "L40S", 362.05 * T, 864e9, 1.43 * T, 91.6 * T, L40S_DS),
     # NVIDIA HGX B200 specifications (2024), per GPU: FP16/BF16 4.5 PF sparse (2.25 dense),
     # FP64 TC 40 TF, HBM3e 8 TB/s (64 TB/s for 8 GPUs). FP32 is not listed: calibrated.
-    _Entry(("b200",), "B200", 2250 * T, 8.0e12, 40 * T, None, "NVIDIA HGX B200 specifications"),
+    _Entry(("b200",), "B200", 2250 * T, 8.0e12, 40 * T, None, B200_DS),
     # NVIDIA Ada GPU architecture whitepaper (2022), RTX 4090: BF16 tensor with FP32 accumulate
     # 165.2 TF dense (330.4 sparse), FP32 82.6 TF, FP64 1.29 TF, 1,008 GB/s GDDR6X.
-    _Entry(("4090",), "RTX 4090", 165.2 * T, 1.008e12, 1.29 * T, 82.6 * T, "NVIDIA Ada whitepaper"),
+    _Entry(("4090",), "RTX 4090", 165.2 * T, 1.008e12, 1.29 * T, 82.6 * T, ADA_WP),
 )
 
 
