@@ -70,8 +70,10 @@ def check_output_path(
         raise ConfigError(f"{flag} {path}: directory {p.parent} does not exist")
     if p.exists() or p.is_symlink():
         _check_existing(p, flag, path, kind, overwrite, reusable, what)
-        if kind == "file" and not p.is_dir() and not os.access(p, os.W_OK):
-            raise ConfigError(f"{flag} {path}: the file exists and is not writable")
+        if kind == "file":  # an existing file is rewritten in place: it must be writable
+            if not os.access(p, os.W_OK):
+                raise ConfigError(f"{flag} {path}: the file exists and is not writable")
+            return p
     _probe(base if not p.is_dir() else p, flag, path)
     return p
 
