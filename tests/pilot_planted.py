@@ -225,7 +225,7 @@ MECHANISMS = (
 
 
 class SlowKernel(Planted):
-    """A kernel-factor switch whose only effect is a 40 ms sleep per request unless ``fast``:
+    """A kernel-factor switch whose only effect is a 120 ms sleep per request unless ``fast``:
     the loop should find ``fast`` and keep it."""
 
     id = "slow_kernel"
@@ -235,7 +235,7 @@ class SlowKernel(Planted):
     def wrap_decode(self, decode: Decode, params: Mapping[str, Any]) -> Decode:
         def run(ids: list[int], gen: Any) -> Any:
             if not params.get("fast"):
-                time.sleep(0.04)
+                time.sleep(0.12)
             return decode(ids, gen)
 
         return run

@@ -151,3 +151,16 @@ def test_a_speedup_within_the_ceiling_is_not_flagged(tmp_path: Path, model: Path
     assert ex.kinds == ["explore", "integrate"]
     assert [k.speedup for k in summary.kept] == [1.3]
     assert "flags" not in _rounds(tmp_path / "run")[0]
+
+
+def test_a_later_run_recalls_the_kept_change_first(tmp_path: Path, model: Path) -> None:
+    _run(tmp_path, model, {"explore": 1.4, "integrate": 1.3})
+    second = tmp_path / "second"
+    second.mkdir()
+    (tmp_path / "memory.sqlite").rename(second / "memory.sqlite")
+    summary, ex = _run(second, model, {"recall": 1.25, "explore": 1.0})
+    assert ex.kinds[0] == "recall"  # before round 0's profile: the remembered winner, stacked
+    rnd = _rounds(second / "run")[0]
+    assert rnd["directions"] == ["memory"] and rnd["candidates"][0]["source"] == "memory"
+    assert [k["mechanism"] for k in rnd["kept"]] == ["memory[impossible]"]
+    assert summary.kept[0].speedup == 1.25
