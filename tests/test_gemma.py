@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from specpilot.config import ModelConfig
+from specpilot.config import ModelConfig, window_mask
 from specpilot.drafters import make_drafter
 from specpilot.engine import Engine, EngineConfig, GenerationConfig
 from specpilot.errors import ConfigError, ModelLoadError
@@ -188,6 +188,37 @@ SPECS = {
     "static": TreeSpec(kind="static", paths=((0,), (1,), (0, 0), (0, 1), (0, 0, 0))),
     "dynamic": TreeSpec(kind="dynamic", budget=10, topk=3, depth=5),
 }
+
+
+def test_tree_rows_past_the_window_see_keys_by_position() -> None:
+    """A tree whose slots run far ahead of its positions: 9 siblings, then a chain of 9 under the
+    first (depth 10 > window 8). Each chain row's logits equal plain decoding's at its position;
+    masking by slot would let the deepest node see a chain key the window excludes."""
+    m = ours_from(hf_model(seed=5))
+    m.prepack("onednn")
+    m.setup_cache(64, attention="exact")
+    ids, n = prompt(12, seed=5), 12
+    sibs, chain = list(range(20, 29)), list(range(40, 49))  # s0..s8 at depth 1; chain under s0
+    tokens = sibs + chain
+    pos = [n] * 9 + [n + 1 + i for i in range(9)]
+    kv = n + len(tokens)
+    mask = torch.zeros(1, len(tokens), kv, dtype=torch.bool)
+    mask[:, :, :n] = True
+    for r in range(len(tokens)):
+        mask[0, r, n + r] = True
+        if r >= 9:
+            mask[0, r, n] = True  # s0
+            mask[0, r, n + 9 : n + r + 1] = True  # the chain so far
+    with torch.no_grad():
+        m(torch.tensor([ids]), torch.arange(n)[None], 0, n, causal_mask(0, n, n, m.device))
+        tree = m(torch.tensor([tokens]), torch.tensor([pos]), n, kv, mask).logits[0]
+        plain = our_logits(m, [*ids, sibs[0], *chain])  # a fresh causal forward of that path
+    torch.testing.assert_close(tree[9:], plain[n + 1 :], rtol=0, atol=1e-5)
+    slots = torch.arange(n, kv)
+    keep = window_mask(None, torch.tensor([pos]), slots, kv, 64, WINDOW)[0, -1]
+    assert not keep[n + 9] and keep[n + 10]  # chain depth 2 (position n + 1) is out of the window
+    by_slot = torch.arange(kv) > pos[-1] - WINDOW
+    assert by_slot[n + 9]  # what a slot test would have let through
 
 
 SPEC_GEN = GenerationConfig(max_new_tokens=32, stop_on_eos=False)
