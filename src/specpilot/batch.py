@@ -37,7 +37,8 @@ from specpilot.engine import (
 )
 from specpilot.errors import ConfigError, ContextLengthError
 from specpilot.goodput import Selector, calibrate_curve, calibration_shape
-from specpilot.model import Transformer, kernel_range
+from specpilot.model import Transformer
+from specpilot.profiling import kernel_range
 from specpilot.sampling import Sampler
 from specpilot.tree import DraftTree, TreeSpec, subtree
 from specpilot.verify import VerifyRow, build_inputs, forward, prefill, verify_step

@@ -8,7 +8,7 @@ A speculative step reads as four named stages (after EAGLE's decode loop):
 The root (last committed token) is not yet in the cache when a step starts; it is verified with
 the tree, so a step with an empty tree is exactly one autoregressive step. Prefill and the
 drafter's ``propose`` run in the named profiler ranges ``prefill`` and ``drafter`` (no-ops unless
-:func:`specpilot.model.set_kernel_ranges` is on; read by :mod:`specpilot.costmodel`).
+:func:`specpilot.profiling.set_kernel_ranges` is on; read by :mod:`specpilot.costmodel`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from torch import Tensor
 from specpilot.drafters.base import DraftContext, Drafter
 from specpilot.errors import ConfigError, ContextLengthError
 from specpilot.goodput import Selector, calibrate_curve, calibration_shape
-from specpilot.model import ATTENTION_KINDS, LINEAR_KINDS, Transformer, kernel_range
+from specpilot.model import ATTENTION_KINDS, LINEAR_KINDS, Transformer
+from specpilot.profiling import kernel_range
 from specpilot.sampling import Sampler, SamplingParams
 from specpilot.tree import DraftTree, TreeSpec
 from specpilot.verify import (
@@ -272,20 +273,8 @@ class Engine:
         t1 = time.perf_counter()
         while not done:
             cache_len = len(committed) - 1  # the root committed[-1] is not cached yet
-            tree = DraftTree.empty()
-            if drafter is not None and (sel is None or sel.should_draft()):
-                td = time.perf_counter()
-                with kernel_range("drafter"):
-                    tree = drafter.propose(DraftContext(committed, p, spec, hidden))
-                hidden = ()  # the drafter has seen these states
-                dt = time.perf_counter() - td
-                res.draft_s += dt
-                assert tree.size <= n_nodes, f"drafter returned {tree.size} > {n_nodes} nodes"
-                if sel is not None:
-                    sel.note_draft(dt)
-                    tree = sel.select([tree])[0]
-            elif sel is not None:
-                sel.note_skip()
+            tree, hidden = _draft(drafter, sel, DraftContext(committed, p, spec, hidden), res)
+            assert tree.size <= n_nodes, f"drafter returned {tree.size} > {n_nodes} nodes"
             tv = time.perf_counter()
             step = self.step(committed[-1], cache_len, tree, taps, sampler)
             if sel is not None:
@@ -318,6 +307,26 @@ class Engine:
         if self._fast is not None and (sampler is None or sampler.greedy):
             return self._fast.step(root, cache_len, tree, taps)
         return verify_step(self.model, [VerifyRow(root, cache_len, tree, sampler)], taps)[0]
+
+
+def _draft(
+    drafter: Drafter | None, sel: Selector | None, ctx: DraftContext, res: GenerationResult
+) -> tuple[DraftTree, tuple[Tensor, ...]]:
+    """This step's tree (empty without a drafter, or when the goodput budget skips drafting)
+    and the hidden states the drafter has not seen yet (none once it proposed)."""
+    if drafter is None or not (sel is None or sel.should_draft()):
+        if sel is not None:
+            sel.note_skip()
+        return DraftTree.empty(), ctx.hidden
+    td = time.perf_counter()
+    with kernel_range("drafter"):
+        tree = drafter.propose(ctx)
+    dt = time.perf_counter() - td
+    res.draft_s += dt
+    if sel is not None:
+        sel.note_draft(dt)
+        tree = sel.select([tree])[0]
+    return tree, ()
 
 
 def join_hidden(old: tuple[Tensor, ...], new: tuple[Tensor, ...]) -> tuple[Tensor, ...]:

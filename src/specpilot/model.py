@@ -5,71 +5,34 @@ In the spirit of gpt-fast's ``model.py``: a preallocated cache addressed by abso
 serves prefill, one-token decode and tree verification (one row per draft node, an ancestor mask).
 
 Numerics. Speculative decoding is lossless only if a verified row computes exactly what plain
-decoding would. Stock CPU kernels do not guarantee that: the result of a row of a GEMM depends on
-how many rows are in the call, and attention reductions depend on the key count and layout. Two
-choices make every row independent of its batch on CPU fp32:
-
-* ``linear="onednn"``: weights prepacked once for oneDNN; its fp32 GEMM gives each row the same
-  bits for any row count (checked in tests/test_model.py). A one-row call is padded to two rows,
-  because oneDNN takes a separate one-row path for some shapes. It is also faster than the stock
-  path here (no per-call repacking on the GEMV -> GEMM switch).
-* ``attention="exact"``: the cache is kept in fp64 and attention runs in fp64, so the result,
-  rounded back to fp32, no longer depends on the summation order; masked keys add exact zeros.
+decoding would; stock CPU kernels do not guarantee it (a GEMM row's bits depend on the rows in
+the call, attention reductions on the key count). On CPU fp32 every row is made independent of
+its batch by ``linear="onednn"`` (:mod:`specpilot.kernels.onednn`), or by the native GGUF kernels
+and their fixed reduction order (:mod:`specpilot.kernels`), and ``attention="exact"`` (fp64
+cache and attention: rounded back to fp32 the result no longer depends on the summation order;
+masked keys add exact zeros).
 
 GPU paths (bf16/fp16) use the stock kernels; there token forcing still checks every output and
 reports the logit margin where a near-tie flips.
 
-Profiling. With :func:`set_kernel_ranges` on, each kernel class of :data:`KERNEL_CLASSES` runs in
-a ``torch.profiler.record_function`` range of its name (read by :mod:`specpilot.costmodel`); off
-(the default) the ranges are one shared no-op context and nothing else changes.
+Profiling: every kernel class runs in its named range (:mod:`specpilot.profiling`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.profiler import record_function
 
 from specpilot.config import ModelConfig, rope_inv_freq, window_mask
+from specpilot.kernels.onednn import PackedLinear, onednn_available
+from specpilot.kvcache import KVCache
+from specpilot.profiling import kernel_range
 
 ATTENTION_KINDS = ("exact", "sdpa")
 LINEAR_KINDS = ("onednn", "torch")
-
-KERNEL_CLASSES = ("qkv", "attention", "o_proj", "gate_up", "down", "lm_head")
-"""Named profiler ranges of one forward (the cost model's kernel classes). ``qkv`` holds the input
-RMSNorm, the q/k/v projection, q/k norms and RoPE; ``attention`` the cache write and SDPA;
-``gate_up`` the post-attention RMSNorm, the gate/up projection and SiLU x up; ``lm_head`` the
-final RMSNorm and the LM head. Residual adds and the embedding gather stay outside (glue)."""
-
-_ranges_on = False
-_NO_RANGE = contextlib.nullcontext()
-
-
-def set_kernel_ranges(on: bool) -> None:
-    """Emit the named ranges (``torch.profiler.record_function``) from now on, or stop."""
-    global _ranges_on
-    _ranges_on = bool(on)
-
-
-def kernel_ranges_enabled() -> bool:
-    return _ranges_on
-
-
-def kernel_range(name: str) -> contextlib.AbstractContextManager[Any]:
-    """A named profiler range when enabled, else a shared no-op context (a few hundred ns)."""
-    return record_function(name) if _ranges_on else _NO_RANGE
-
-
-def onednn_available() -> bool:
-    return bool(torch.backends.mkldnn.is_available()) and hasattr(
-        torch.ops.mkldnn, "_linear_pointwise"
-    )
-
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
@@ -86,83 +49,6 @@ class RMSNorm(nn.Module):
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * w).to(dtype) if self.offset else self.weight * h.to(dtype)
-
-
-class PackedLinear(nn.Module):
-    """fp32 CPU linear with oneDNN-prepacked weights; row results are batch-invariant.
-
-    oneDNN takes a separate one-row path for some shapes (seen for in_features=1536); a probe at
-    construction detects it and such layers pad one-row calls to two rows.
-    """
-
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 2)
-        self.bias = None if bias is None else bias.detach().contiguous()
-        self.pad_single = False
-        g = torch.Generator().manual_seed(0)
-        for _ in range(2):
-            probe = torch.randn(2, self.in_features, generator=g)
-            if not torch.equal(self._mm(probe)[:1], self._mm(probe[:1])):
-                self.pad_single = True
-
-    def _mm(self, x2: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
-
-    def forward(self, x: Tensor) -> Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        m = x2.shape[0]
-        if m == 1 and self.pad_single:
-            return self._mm(x2.expand(2, -1))[:1].reshape(*lead, self.out_features)
-        return self._mm(x2).reshape(*lead, self.out_features)
-
-
-class KVCache(nn.Module):
-    """Static per-layer cache ``(B, n_kv_heads, max_len, head_dim)`` addressed by slot."""
-
-    def __init__(
-        self,
-        batch: int,
-        n_kv: int,
-        max_len: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        super().__init__()
-        shape = (batch, n_kv, max_len, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-
-    def write(self, slots: int | Tensor, k: Tensor, v: Tensor, rows: slice | None = None) -> None:
-        # k, v: (B, n_kv, T, head_dim); rows: the B cache rows written (default: the first B)
-        kc, vc = (self.k, self.v) if rows is None else (self.k[rows], self.v[rows])
-        if isinstance(slots, int):
-            t = k.shape[2]
-            kc[:, :, slots : slots + t] = k
-            vc[:, :, slots : slots + t] = v
-        elif slots.dim() == 1:
-            kc.index_copy_(2, slots, k.to(kc.dtype))
-            vc.index_copy_(2, slots, v.to(vc.dtype))
-        else:  # (B, T): per-row slots (batched decoding with ragged lengths)
-            b = torch.arange(k.shape[0], device=k.device)[:, None]  # (B, 1)
-            kc[b, :, slots] = k.transpose(1, 2).to(kc.dtype)  # (B, T, n_kv, head_dim)
-            vc[b, :, slots] = v.transpose(1, 2).to(vc.dtype)
-
-    def compact(self, src: Tensor, dst: int, row: int | None = None) -> None:
-        """Move the entries at slots ``src`` (ascending, each >= dst + i) to ``dst, dst+1, ...``
-        in batch row ``row`` (None = every row)."""
-        n = src.shape[0]
-        for buf in (self.k, self.v):
-            view = buf if row is None else buf[row : row + 1]  # (B', n_kv, max_len, head_dim)
-            view[:, :, dst : dst + n] = view.index_select(2, src)
-
-    def move_row(self, src: int, dst: int, n: int) -> None:
-        """Copy the first ``n`` slots of batch row ``src`` into row ``dst``."""
-        self.k[dst, :, :n] = self.k[src, :, :n]
-        self.v[dst, :, :n] = self.v[src, :, :n]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Measurements: kernel time per class from torch.profiler ranges, verify-step timing.
 
-Kernel time. With :func:`specpilot.model.set_kernel_ranges` on, the model wraps each kernel class
+Kernel time. With :func:`specpilot.profiling.set_kernel_ranges` on, the model wraps each kernel class
 in a ``record_function`` range (``qkv``, ``attention``, ``o_proj``, ``gate_up``, ``down``,
 ``lm_head``) and the engine wraps ``prefill`` and the drafter's ``propose`` (``drafter``). The
 trace is read from the profiler's raw Kineto events (``prof.profiler.kineto_results``: one pass,
@@ -39,7 +39,7 @@ from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
 from specpilot.engine import Engine
-from specpilot.model import KERNEL_CLASSES, set_kernel_ranges
+from specpilot.profiling import KERNEL_CLASSES, set_kernel_ranges
 from specpilot.tree import DraftTree
 
 OUTER = ("prefill", "drafter")

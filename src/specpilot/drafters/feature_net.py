@@ -232,7 +232,7 @@ class FeatureNet(nn.Module):
         repacks weights per call, which dominated drafting. Used only without autograd and
         while the weights are unchanged (a training step bumps their version and the module
         itself is used again). Returns whether anything was packed."""
-        from specpilot.model import PackedLinear, onednn_available
+        from specpilot.kernels.onednn import PackedLinear, onednn_available
 
         if self.norm.weight.device.type != "cpu" or self.norm.weight.dtype != torch.float32:
             return False

@@ -25,7 +25,7 @@ class LinearBackend:
         return (Param("linear", "categorical", plan.engine.linear, choices=("onednn", "torch")),)
 
     def applicable(self, ctx: Context, plan: Plan) -> str | None:
-        from specpilot.model import onednn_available
+        from specpilot.kernels.onednn import onednn_available
 
         if ctx.on_gpu or ctx.dtype != "float32":
             return "prepacked oneDNN linears are for CPU fp32"

@@ -1,0 +1,230 @@
+"""``specpilot bench``: plain decoding vs speculative decoding on the same prompts, interleaved,
+token-forced (``--batch-size N``: batched AR vs batched speculative). Renders
+:func:`specpilot.bench.run_bench` and :func:`specpilot.bench_batch.run_batch_bench`; found by
+:mod:`specpilot.cli` like every ``cli_*`` module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from specpilot.cli import (
+    _drafter_args,
+    _model_args,
+    _plan_args,
+    _setup,
+    _workload_args,
+    note_chat_fallback,
+    progress_bar,
+    progress_console,
+)
+from specpilot.errors import ConfigError
+from specpilot.outpaths import check_output_path
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    b = subparsers.add_parser(
+        "bench",
+        help="AR vs speculative decoding side by side, token-forced",
+        description="Run plain AR and speculative decoding on the same prompts, "
+        "verify token forcing, report tokens/s, tau and speedup.",
+    )
+    _model_args(b)
+    _drafter_args(b)
+    _plan_args(b)
+    _workload_args(b)
+    b.add_argument("--repeats", type=int, default=1, help="timed rounds; median reported")
+    b.add_argument(
+        "--peers",
+        action="append",
+        default=[],
+        choices=["hf"],
+        help="also run Hugging Face transformers greedy, prompt lookup, and (with "
+        "--draft-model) assisted generation on the same weights",
+    )
+    b.add_argument("--json", default=None, help="write results to this JSON file")
+    b.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="decode N prompts together (continuous batching): batched AR vs batched "
+        "speculative, throughput and per-request latency",
+    )
+    b.add_argument(
+        "--min-gain",
+        type=float,
+        default=0.0,
+        help="with --batch-size: verify only draft nodes whose path acceptance probability "
+        "(exp of the drafter's score) is at least this (default: 0, all the budget allows)",
+    )
+    b.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
+    b.add_argument(
+        "--no-strict",
+        action="store_true",
+        help="tolerate divergences at near-ties (top-2 logit gap < 1e-3)",
+    )
+    return b
+
+
+def run(args: argparse.Namespace) -> int:
+    return _cmd_bench(args)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+
+    from specpilot.bench import BenchConfig, run_bench
+    from specpilot.workloads import load_workload
+
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    cfg = BenchConfig(
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        stop_on_eos=not args.ignore_eos,
+        strict=not args.no_strict,
+    )
+    workload = None if args.prompts else (args.workload or "humaneval")
+    prompts = load_workload(workload, prompts_file=args.prompts, limit=args.limit)
+    if args.json:
+        check_output_path(args.json, "--json")
+    loaded, engine, candidates, peers = _setup(args, hf_peers="hf" in args.peers)
+    tok = loaded.tokenizer
+    encoded = [(p.id, tok.encode_prompt(p.text, chat=p.chat)) for p in prompts]
+    note_chat_fallback(tok, [p.chat for p in prompts])
+    if args.batch_size is not None:
+        return _bench_batch(args, loaded, engine, candidates, encoded)
+    console = progress_console()
+    with progress_bar(console) as bar:
+        task = bar.add_task("bench", total=len(encoded) * cfg.repeats)
+
+        def progress(pid: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, description=f"bench {pid}")
+
+        res = run_bench(
+            engine, encoded, candidates, cfg, eos_ids=tok.eos_ids, peers=peers, progress=progress
+        )
+    out = res.to_json()
+    out.update(
+        model=loaded.source,
+        workload=workload or args.prompts,
+        threads=args.threads,
+        attention=engine.attention,
+        linear=args.linear,
+        device=args.device,
+    )
+    if engine.selector is not None:
+        out["goodput"] = engine.selector.summary()
+        console.print(_goodput_line(out["goodput"]))
+    _render_bench(console, res)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0 if res.lossless else 1
+
+
+def _bench_batch(
+    args: argparse.Namespace, loaded: Any, engine: Any, candidates: list[Any], encoded: list[Any]
+) -> int:
+    """``bench --batch-size N``: batched AR vs batched speculative (throughput, latency)."""
+    from rich.table import Table
+
+    from specpilot.batch import BatchEngine
+    from specpilot.bench_batch import (
+        BatchBenchConfig,
+        batch_config_for,
+        plan_budget,
+        run_batch_bench,
+    )
+
+    if args.peers:
+        raise ConfigError("--peers is not available with --batch-size")
+    cfg = BatchBenchConfig(
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        stop_on_eos=not args.ignore_eos,
+    )
+    nodes = max((c.spec.max_nodes for c in candidates), default=0)
+    budget = plan_budget(getattr(args, "plan", None), nodes)  # the plan's batch_budget table
+    bcfg = batch_config_for(
+        cfg.batch_size, [p for _, p in encoded], cfg.max_new_tokens, nodes, budget, args.min_gain
+    )
+    tok = loaded.tokenizer
+    beng = BatchEngine(loaded.model, engine.cfg, bcfg, eos_ids=tok.eos_ids, detok=tok.decode)
+    console = progress_console()
+    with progress_bar(console) as bar:
+        task = bar.add_task("bench", total=cfg.repeats * (1 + len(candidates)))
+        res = run_batch_bench(
+            beng,
+            encoded,
+            candidates,
+            cfg,
+            progress=lambda name, done, _: bar.update(task, completed=done, description=name),
+        )
+    t = Table(
+        title=f"specpilot bench: {res.n_prompts} prompts x {res.max_new_tokens} tokens, "
+        f"batch size {res.batch_size}"
+    )
+    for col in ("engine", "tok/s", "vs batched AR", "p50 latency s", "p99 latency s", "tau"):
+        t.add_column(col, justify="left" if col == "engine" else "right")
+    for m in (res.ar, *res.candidates):
+        sp = res.speedup(m) if m is not res.ar else 1.0
+        t.add_row(
+            m.name,
+            f"{m.tok_s:.1f}" if m.tok_s else "n/a (lossy)",
+            f"{sp:.2f}x" if sp else "n/a",
+            f"{m.latency_p50_s:.2f}",
+            f"{m.latency_p99_s:.2f}",
+            f"{m.tau:.2f}",
+        )
+    console.print(t)
+    for m in res.candidates:
+        console.print(f"{m.name}: forcing {m.forcing}")
+    if args.json:
+        out = {**res.to_json(), "model": loaded.source, "threads": args.threads}
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0 if res.lossless else 1
+
+
+def _goodput_line(g: dict[str, Any]) -> str:
+    return (
+        f"goodput budget: {g['steps']} steps, {g['plain_steps']} plain; verify step predicted "
+        f"{g['predicted_ms']:.1f} ms, measured {g['actual_ms']:.1f} ms (mean of the last steps)"
+    )
+
+
+def _render_bench(console: Any, res: Any) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"specpilot bench: {res.n_prompts} prompts x {res.max_new_tokens} tokens")
+    for col in ("engine", "tok/s", "vs own AR", "tokens = AR", "tau", "nodes/step", "draft ms"):
+        t.add_column(col, justify="left" if col == "engine" else "right")
+    t.add_row("AR (reference)", f"{res.ar_tok_s:.1f}", "1.00x", "-", "1.00", "0", "-")
+    for c in res.candidates:
+        t.add_row(
+            c.name,
+            f"{c.spec_tok_s:.1f}" if c.spec_tok_s else "n/a (lossy)",
+            f"{c.speedup:.2f}x" if c.speedup else "n/a",
+            f"{res.n_prompts - c.mismatches}/{res.n_prompts}",
+            f"{c.tau:.2f}",
+            f"{c.mean_draft_nodes:.1f}",
+            f"{c.draft_ms_per_step:.2f}",
+        )
+    for name, ps in res.peers.items():
+        t.add_row(
+            name,
+            f"{ps.tok_s:.1f}",
+            f"{ps.tok_s / res.ar_tok_s:.2f}x",
+            f"{ps.n_identical}/{ps.n_prompts}",
+            "",
+            "",
+            "",
+        )
+    console.print(t)
+    for c in res.candidates:
+        depth = " ".join(f"{a:.2f}" for a in c.acceptance_by_depth)
+        console.print(f"{c.name}: acceptance by depth {depth}; forcing {c.forcing.summary()}")
+        for d in c.forcing.divergences[:5]:
+            console.print(f"  {d.describe()}")
