@@ -1,7 +1,7 @@
 """Measurements: kernel time per class from torch.profiler ranges, verify-step timing.
 
-Kernel time. With :func:`specpilot.profiling.set_kernel_ranges` on, the model wraps each kernel class
-in a ``record_function`` range (``qkv``, ``attention``, ``o_proj``, ``gate_up``, ``down``,
+Kernel time. With :func:`specpilot.profiling.set_kernel_ranges` on, the model wraps each kernel
+class in a ``record_function`` range (``qkv``, ``attention``, ``o_proj``, ``gate_up``, ``down``,
 ``lm_head``) and the engine wraps ``prefill`` and the drafter's ``propose`` (``drafter``). The
 trace is read from the profiler's raw Kineto events (``prof.profiler.kineto_results``: one pass,
 no Python event tree, so a few hundred thousand events cost tens of milliseconds). A class range
