@@ -215,3 +215,27 @@ def test_packed_verify_gives_the_padded_bits() -> None:
         assert torch.equal(x.logits, y.logits) and x.path == y.path and x.tokens == y.tokens
         assert all(torch.equal(h, g) for h, g in zip(x.hidden, y.hidden, strict=True))
     assert torch.equal(ka, kb)
+
+
+@pytest.mark.parametrize("goodput", [False, True])
+def test_seeded_sampled_bench_is_token_forced(goodput: bool) -> None:
+    """bench --temperature T --seed S: speculative sampling gives the seeded AR text exactly
+    (single and batched), so sampled runs are token-forced like greedy ones."""
+    from specpilot.bench import BenchConfig, Candidate, run_bench
+    from specpilot.bench_batch import BatchBenchConfig, run_batch_bench
+    from specpilot.errors import ConfigError
+    from specpilot.sampling import SamplingParams
+
+    s = SamplingParams(temperature=1.0, top_p=0.95, seed=5)
+    eng = _engines(goodput)
+    cand = Candidate("suffix/chain", "suffix", SuffixDrafter, TreeSpec(kind="chain", k=4))
+    prompts = [(str(i), p) for i, p in enumerate(PROMPTS)]
+    res = run_bench(eng, prompts, [cand], BenchConfig(max_new_tokens=24, sampling=s))
+    assert res.lossless and res.candidates[0].forcing.n_prompts == 3
+    beng = BatchEngine(tiny_model("llama", seed=3, std=0.12), EngineConfig(goodput=goodput),
+                       BatchConfig(max_batch=3, max_len=128))
+    bres = run_batch_bench(beng, prompts, [cand],
+                           BatchBenchConfig(batch_size=3, max_new_tokens=24, sampling=s))
+    assert bres.lossless
+    with pytest.raises(ConfigError, match="--seed"):
+        BenchConfig(sampling=SamplingParams(temperature=1.0))

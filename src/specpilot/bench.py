@@ -25,6 +25,7 @@ from specpilot.drafters.base import Drafter
 from specpilot.engine import Engine, GenerationConfig, GenerationResult
 from specpilot.errors import ConfigError
 from specpilot.forcing import ForcingReport, Reference, check
+from specpilot.sampling import SamplingParams
 from specpilot.tree import TreeSpec
 
 
@@ -44,12 +45,41 @@ class BenchConfig:
     stop_on_eos: bool = True
     strict: bool = True
     """Any divergence from the reference fails forcing (non-strict tolerates near-ties)."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Greedy by default; seeded sampling otherwise (a seeded request's text is the same with
+    or without speculation, so token forcing still applies: :mod:`specpilot.sampling`)."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
             raise ConfigError(f"--max-new-tokens must be positive, got {self.max_new_tokens}")
         if self.repeats <= 0:
             raise ConfigError(f"--repeats must be positive, got {self.repeats}")
+        check_seeded(self.sampling)
+
+
+def check_seeded(sampling: SamplingParams) -> None:
+    """ConfigError for sampled benchmarking without a seed (nothing to token-force against)."""
+    if not sampling.greedy and sampling.seed is None:
+        raise ConfigError(
+            "sampled benchmarks need --seed: token forcing compares seeded runs, which give the "
+            "same text with and without speculation"
+        )
+
+
+def generation(
+    max_new_tokens: int, stop_on_eos: bool, sampling: SamplingParams, margins: bool = False
+) -> GenerationConfig:
+    """The GenerationConfig of a benchmark run."""
+    s = sampling
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        stop_on_eos=stop_on_eos,
+        record_margins=margins,
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        seed=s.seed,
+    )
 
 
 @dataclass
@@ -229,10 +259,8 @@ def _bench_round(
 ) -> None:
     """One timed round: per prompt the reference, then every candidate, then every peer."""
     first = rnd == 0
-    gen = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_on_eos=cfg.stop_on_eos)
-    ref_gen = GenerationConfig(
-        max_new_tokens=cfg.max_new_tokens, stop_on_eos=cfg.stop_on_eos, record_margins=True
-    )
+    gen = generation(cfg.max_new_tokens, cfg.stop_on_eos, cfg.sampling)
+    ref_gen = generation(cfg.max_new_tokens, cfg.stop_on_eos, cfg.sampling, margins=True)
     drafters = {c.name: c.make_drafter() for c in candidates}
     ar = _Tally()
     ct = {c.name: _Tally() for c in candidates}

@@ -26,10 +26,11 @@ from specpilot.batch import (
     VerifyBudget,
     run_batch,
 )
-from specpilot.bench import Candidate
+from specpilot.bench import Candidate, check_seeded, generation
 from specpilot.engine import GenerationConfig
 from specpilot.errors import ConfigError
 from specpilot.forcing import ForcingReport, Reference, check
+from specpilot.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,15 @@ class BatchBenchConfig:
     max_new_tokens: int = 128
     repeats: int = 1
     stop_on_eos: bool = True
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Greedy, or seeded sampling (:class:`specpilot.bench.BenchConfig`)."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.max_new_tokens <= 0 or self.repeats <= 0:
             raise ConfigError("--max-new-tokens and --repeats must be positive")
+        check_seeded(self.sampling)
 
 
 @dataclass
@@ -141,7 +145,7 @@ def run_batch_bench(
         raise ConfigError("no prompts to benchmark")
     if engine.bcfg.max_batch != cfg.batch_size:
         raise ConfigError("the batch engine's max_batch must equal the benchmark's batch size")
-    gen = GenerationConfig(max_new_tokens=cfg.max_new_tokens, stop_on_eos=cfg.stop_on_eos)
+    gen = generation(cfg.max_new_tokens, cfg.stop_on_eos, cfg.sampling)
     ids = [p for _, p in prompts]
     warm = GenerationConfig(max_new_tokens=min(8, cfg.max_new_tokens), stop_on_eos=False)
     _run(engine, ids[: cfg.batch_size], warm, None)

@@ -46,6 +46,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--draft-model) assisted generation on the same weights",
     )
     b.add_argument("--json", default=None, help="write results to this JSON file")
+    s = b.add_argument_group("sampling (seeded: the same text with and without speculation)")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    s.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0 = off)")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    s.add_argument("--seed", type=int, default=None, help="sampling seed (needed to sample)")
     b.add_argument(
         "--batch-size",
         type=int,
@@ -69,6 +74,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return b
 
 
+def _sampling(args: argparse.Namespace) -> Any:
+    from specpilot.sampling import SamplingParams
+
+    return SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+
+
 def run(args: argparse.Namespace) -> int:
     return _cmd_bench(args)
 
@@ -85,6 +96,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         stop_on_eos=not args.ignore_eos,
         strict=not args.no_strict,
+        sampling=_sampling(args),
     )
     workload = None if args.prompts else (args.workload or "humaneval")
     prompts = load_workload(workload, prompts_file=args.prompts, limit=args.limit)
@@ -145,6 +157,7 @@ def _bench_batch(
         max_new_tokens=args.max_new_tokens,
         repeats=args.repeats,
         stop_on_eos=not args.ignore_eos,
+        sampling=_sampling(args),
     )
     nodes = max((c.spec.max_nodes for c in candidates), default=0)
     budget = plan_budget(getattr(args, "plan", None), nodes)  # the plan's batch_budget table
