@@ -239,3 +239,18 @@ def test_seeded_sampled_bench_is_token_forced(goodput: bool) -> None:
     assert bres.lossless
     with pytest.raises(ConfigError, match="--seed"):
         BenchConfig(sampling=SamplingParams(temperature=1.0))
+
+
+def test_goodput_step_stats_reach_metrics() -> None:
+    from specpilot.server.metrics import ServerMetrics
+
+    beng = BatchEngine(tiny_model("llama", seed=3, std=0.12), EngineConfig(goodput=True),
+                       BatchConfig(max_batch=2, max_len=128))
+    for p in PROMPTS[:2]:
+        beng.add(BatchRequest(list(p), GEN, drafter=SuffixDrafter()))
+    _, stats = beng.step()
+    assert stats.predicted_verify_s is not None and stats.verify_s is not None
+    m = ServerMetrics()
+    m.observe_step(stats)
+    body = m.render().decode()
+    assert "specpilot_goodput_verify_seconds" in body and "specpilot_goodput_nodes" in body

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -189,6 +189,9 @@ class StepStats:
     accepted: tuple[int, ...]
     """Accepted draft tokens per sequence."""
     seconds: float
+    predicted_verify_s: float | None = None
+    """With the goodput budget: its predicted verify time for this step, and the measured one."""
+    verify_s: float | None = None
 
 
 class BatchEngine:
@@ -404,7 +407,11 @@ class BatchEngine:
             s.res.decode_s = now - s.t_admit - s.res.prefill_s
             self.remove(s)
         nodes = sum(tr.size for tr in trees)
-        return finished, StepStats(len(slots), nodes, tuple(accepted), now - t0)
+        stats = StepStats(len(slots), nodes, tuple(accepted), now - t0)
+        if self.selector is not None and self.cfg.goodput and self.selector.log:
+            _, _, predicted, measured = self.selector.log[-1]
+            stats = replace(stats, predicted_verify_s=predicted, verify_s=measured)
+        return finished, stats
 
 
 @dataclass

@@ -75,6 +75,20 @@ class ServerMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
             registry=r,
         )
+        self.goodput_predicted = Gauge(
+            "specpilot_goodput_predicted_verify_seconds",
+            "Goodput budget: predicted verify time of the last step",
+            registry=r,
+        )
+        self.goodput_measured = Gauge(
+            "specpilot_goodput_verify_seconds",
+            "Goodput budget: measured verify time of the last step",
+            registry=r,
+        )
+        self.goodput_nodes = Gauge(
+            "specpilot_goodput_nodes", "Goodput budget: draft nodes chosen for the last step",
+            registry=r,
+        )
         self._lock = threading.Lock()
         self._depth_hits = [0] * MAX_DEPTH
         self._seq_steps = 0
@@ -87,6 +101,10 @@ class ServerMetrics:
         self.draft_nodes.inc(st.nodes)
         self.step_seconds.observe(st.seconds)
         self.batch_size.observe(st.batch)
+        if st.predicted_verify_s is not None and st.verify_s is not None:
+            self.goodput_predicted.set(st.predicted_verify_s)
+            self.goodput_measured.set(st.verify_s)
+            self.goodput_nodes.set(st.nodes)
         with self._lock:
             self._seq_steps += st.batch
             self._committed += sum(st.accepted) + st.batch
