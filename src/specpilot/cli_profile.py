@@ -20,6 +20,7 @@ from specpilot.cli import (
     _plan_args,
     _setup,
     _workload_args,
+    note_chat_fallback,
     progress_bar,
     progress_console,
 )
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     cand = candidates[0] if candidates else None
     tok = loaded.tokenizer
     encoded = [(p.id, tok.encode_prompt(p.text, chat=p.chat)) for p in prompts]
+    note_chat_fallback(tok, [p.chat for p in prompts])
     hw = detect(engine.model.device, engine.model.dtype, recalibrate=args.recalibrate)
     console = progress_console()
     with progress_bar(console) as bar:
