@@ -342,9 +342,10 @@ def test_sleep_in_a_range_raises_that_class_and_the_kernel_factor(
     added = 2 * SLEEP * 1e3  # one sleep per layer, two layers, one forward per step
     assert added * 0.95 < down2.measured_ms - down.measured_ms < added * 1.5
     floors = sum(k.floor_ms for k in base.kernels)
-    # the factor grows by the time the class gained (a VM's sleep overshoots by up to ~30%)
-    predicted = base.kernel_factor + (down2.measured_ms - down.measured_ms) / floors
-    assert slow.kernel_factor == pytest.approx(predicted, rel=0.15)
+    # the factor grows by the time the class gained (a VM's sleep overshoots by up to ~30%),
+    # plus a little: the prefill's own sleeps land in the prefill class
+    gain = (down2.measured_ms - down.measured_ms) / floors
+    assert 0.9 * gain < slow.kernel_factor - base.kernel_factor < 1.4 * gain
     assert slow.direction == "kernel"
     assert slow.overhead_factor < base.overhead_factor + 0.1  # wall and kernel time grew alike
 
