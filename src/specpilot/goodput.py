@@ -24,6 +24,7 @@ and acceptance are unchanged, so the output is plain decoding's token for token.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -39,8 +40,9 @@ BINS = 10
 
 @dataclass
 class CostCurve:
-    """Verify step seconds by rows in the forward: piecewise linear through measured points,
-    extrapolated with the last segment's slope."""
+    """Verify step seconds by rows in the forward: piecewise linear through measured points
+    (made non-decreasing: a noisy point never makes more rows look cheaper), extrapolated with the
+    last segment's slope."""
 
     rows: list[int]
     """Measured row counts, ascending, at least one."""
@@ -55,7 +57,8 @@ class CostCurve:
             raise ConfigError(f"cost curve rows must be ascending and >= 1, got {self.rows}")
 
     def __call__(self, rows: int) -> float:
-        xs, ys = self.rows, self.seconds
+        xs = self.rows
+        ys = list(itertools.accumulate(self.seconds, max))  # more rows never cost less
         if rows <= xs[0] or len(xs) == 1:
             return ys[0]
         for i in range(1, len(xs)):
@@ -69,8 +72,9 @@ class CostCurve:
         """Move the nearest measured point toward an observed step time."""
         i = min(range(len(self.rows)), key=lambda j: abs(self.rows[j] - rows))
         if abs(self.rows[i] - rows) <= max(1, self.rows[i] // 4):
-            a = self.smoothing
-            self.seconds[i] = (1 - a) * self.seconds[i] + a * seconds
+            a, cur = self.smoothing, self.seconds[i]
+            seconds = min(max(seconds, 0.5 * cur), 2.0 * cur)  # one stalled step moves it little
+            self.seconds[i] = (1 - a) * cur + a * seconds
 
 
 @dataclass
