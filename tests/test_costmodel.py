@@ -378,7 +378,8 @@ def test_sleep_outside_the_ranges_raises_the_overhead_factor(
     # absolute bounds widened by the noise measured just before: the tiny model's ~1 ms step
     # jitters by a good fraction of itself on a shared 2-core machine
     grew = slow.wall_step_ms - base.wall_step_ms
-    assert 0.8 * added - 2 * noise_wall < grew < added + 2.0 + 2 * noise_wall
+    # upper bound: a VM's sleep overshoots by up to ~50% (5 ms slept as 7.4 ms seen here)
+    assert 0.8 * added - 2 * noise_wall < grew < 1.5 * added + 2.0 + 2 * noise_wall
     assert abs(slow.kernel_step_ms - base.kernel_step_ms) < 0.2 * added + 2 * noise_kernel
     assert slow.overhead_factor == pytest.approx(slow.wall_step_ms / slow.kernel_step_ms)
     assert slow.overhead_factor > base.overhead_factor + 0.5 * added / base.kernel_step_ms
