@@ -1,8 +1,10 @@
 """Build, cache and load the C++ kernels (``csrc/``) on first use.
 
-The two kernel translation units are compiled to objects with their own flags (``gemm_avx2.cpp``
-with ``-O3 -mavx2 -mfma -mf16c``, ``gemm_scalar.cpp`` portable), then ``ops.cpp`` (the torch op
-registration) is built by ``torch.utils.cpp_extension.load`` and linked with them. Every unit gets
+The kernel translation units (:data:`PORTABLE_UNITS`, and on x86 :data:`AVX2_UNITS` with
+``-mavx2 -mfma -mf16c``) are compiled to objects with their own flags, then the torch op
+registrations (:data:`OP_UNITS`: ``ops.cpp`` defines the ``specpilot`` library, other units add to
+it with ``TORCH_LIBRARY_FRAGMENT``) are built by ``torch.utils.cpp_extension.load`` and linked with
+them. Every unit gets
 ``-ffp-contract=off``: no multiply-add is fused unless the source says so. The build directory is
 ``<parent of $SPECPILOT_CACHE>/kernels/<key>`` (else ``~/.cache/specpilot/kernels/<key>``); the key
 hashes the sources, the flags, the compiler and the torch version, so a changed input builds anew.
@@ -25,7 +27,13 @@ import torch
 CSRC = Path(__file__).parent / "csrc"
 COMMON_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-ffp-contract=off")
 AVX2_FLAGS = ("-mavx2", "-mfma", "-mf16c")
-BUILD_VERSION = 1
+PORTABLE_UNITS = ("gemm_scalar.cpp",)
+"""Kernels compiled for any CPU."""
+AVX2_UNITS = ("gemm_avx2.cpp",)
+"""Kernels compiled with AVX2_FLAGS (x86 only), called after a run-time CPU check."""
+OP_UNITS = ("ops.cpp",)
+"""Torch op registrations (compiled by cpp_extension with torch's headers)."""
+BUILD_VERSION = 2
 """Bump to force a rebuild when the build itself changes."""
 
 _lock = threading.Lock()
@@ -83,17 +91,19 @@ def _build() -> None:
     key = build_key(cxx)
     out = build_root() / key
     out.mkdir(parents=True, exist_ok=True)
-    objs = [out / "gemm_scalar.o"]
-    _compile_object(cxx, CSRC / "gemm_scalar.cpp", objs[0], ())
+    units = [(u, ()) for u in PORTABLE_UNITS]
     defines = []
     if _x86():
-        objs.append(out / "gemm_avx2.o")
-        _compile_object(cxx, CSRC / "gemm_avx2.cpp", objs[1], AVX2_FLAGS)
+        units += [(u, AVX2_FLAGS) for u in AVX2_UNITS]
     else:
         defines.append("-DSP_NO_AVX2")
+    objs = []
+    for unit, flags in units:
+        objs.append(out / (Path(unit).stem + ".o"))
+        _compile_object(cxx, CSRC / unit, objs[-1], flags)
     cpp_extension.load(
         name=f"specpilot_kernels_{key}",
-        sources=[str(CSRC / "ops.cpp")],
+        sources=[str(CSRC / u) for u in OP_UNITS],
         extra_cflags=[*COMMON_FLAGS[1:], *defines],
         extra_ldflags=[str(o) for o in objs],
         extra_include_paths=[str(CSRC)],
