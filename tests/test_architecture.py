@@ -12,7 +12,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "specpilot"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "defaults", "config", "outpaths"),
+    ("errors", "defaults", "config", "outpaths", "machine"),
     ("tree", "tokenizer", "workloads", "sampling", "kernels", "kvcache", "profiling"),
     ("model",),
     ("loading", "drafters", "peers"),

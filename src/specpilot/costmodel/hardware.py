@@ -18,11 +18,12 @@ CPUs and unknown devices are calibrated once and cached per machine:
 Each figure is the best of several short repeats. A calibration must be taken on a quiet machine
 (a busy one measures low peaks, so every floor comes out too high and kernels look faster than
 their floors): the CPU time other processes use (``/proc/stat`` busy time minus this process's
-own, :func:`other_load`) is sampled before and during the measurement. A calibration taken while
-other work used more than :func:`load_limit` cores is retried once, and if still busy it is used
-for this run only, never cached, and says so in :attr:`Hardware.notes` (a cached quiet one is
-kept instead where there is one). A profile whose measured kernels beat their floors calls
-:func:`recheck`: one forced re-calibration per process, and a warning in the notes.
+own, :func:`specpilot.machine.other_load`) is sampled before and during the measurement. A
+calibration taken while other work used more than :func:`load_limit` cores is retried once, and
+if still busy it is used for this run only, never cached, and says so in :attr:`Hardware.notes`
+(a cached quiet one is kept instead where there is one). A profile whose measured kernels beat
+their floors calls :func:`recheck`: one forced re-calibration per process, and a warning in the
+notes.
 
 The cache is ``hardware.json`` under ``$SPECPILOT_CACHE`` (else ``~/.cache/specpilot``), keyed by
 device model, thread count, dtype and torch version, so a change of any of them recalibrates.
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +42,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+
+from specpilot.machine import cpu_model, cpu_times, load_limit, sample_load
+from specpilot.machine import other_load as other_load  # the load check's public helper
+
+R = TypeVar("R")
 
 CALIBRATION_VERSION = 2
 """2: calibrations taken under load are no longer cached (version 1 entries may be)."""
@@ -146,16 +151,6 @@ def cache_path(cache_dir: str | Path | None = None) -> Path:
     return root / CACHE_FILE
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown cpu"
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -205,51 +200,13 @@ LOAD_SAMPLE_S = 0.25
 RETRY_WAIT_S = 1.0
 """Wait before the second try of a calibration that found the machine busy."""
 
-CpuSample = tuple[float, float, float]
-
-
-def _cpu_times() -> CpuSample | None:
-    """(monotonic s, busy CPU-seconds of the whole machine, CPU-seconds of this process), from
-    ``/proc/stat`` (user, nice, system, irq, softirq, steal); None where there is none."""
-    try:
-        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-        ticks = [int(x) for x in first[1:9]]
-    except (OSError, ValueError):
-        return None
-    if not first or first[0] != "cpu" or len(ticks) < 8:
-        return None
-    own = os.times()
-    busy = (sum(ticks[:3]) + sum(ticks[5:8])) / os.sysconf("SC_CLK_TCK")
-    return time.monotonic(), busy, own.user + own.system
-
-
-def other_load(start: CpuSample | None, end: CpuSample | None) -> float | None:
-    """Mean CPU cores used by other processes between two samples (None: unknown).
-
-    >>> other_load((0.0, 10.0, 1.0), (2.0, 13.0, 2.0))  # 3 busy CPU-s in 2 s, 1 of them ours
-    1.0
-    """
-    if start is None or end is None or end[0] <= start[0]:
-        return None
-    return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0]))
-
-
-def load_limit() -> float:
-    """Cores of other work above which a calibration is not trusted (0.3, or 10% of the CPUs)."""
-    return max(0.3, 0.1 * (os.cpu_count() or 1))
-
-
-R = TypeVar("R")
+_cpu_times = cpu_times
+"""The load sampler :func:`measure` uses (:func:`specpilot.machine.cpu_times`; tests replace it)."""
 
 
 def _window(fn: Callable[[], R]) -> tuple[R, float | None]:
     """``fn()`` and the other processes' load while it ran (sampled at least LOAD_SAMPLE_S)."""
-    start, t0 = _cpu_times(), time.monotonic()
-    out = fn()
-    rest = LOAD_SAMPLE_S - (time.monotonic() - t0)
-    if rest > 0:
-        time.sleep(rest)
-    return out, other_load(start, _cpu_times())
+    return sample_load(fn, LOAD_SAMPLE_S, _cpu_times)
 
 
 @dataclass(frozen=True)
