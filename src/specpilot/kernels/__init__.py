@@ -21,12 +21,34 @@ reference output is portable across x86 machines. Dense F32/F16/BF16 weights fol
 order; running a block type natively equals running the dense F32 kernel on its dequantized
 weights, bit for bit. Tests: tests/test_kernels.py.
 
+Attention contract (``attention="fixed"``, :func:`fixed_attention`, fp32 q and KV cache). Output
+row (b, h, t) is computed from q[b, h, t], the keys/values of kv head ``h // (H / Hk)`` its mask
+row lets it see (None: all ``kv_len``), and nothing else:
+
+1. The visible keys in increasing slot order, ranked i = 0, 1, ... (the rank, not the slot,
+   picks a lane below, so a tree row and the plain-decoding row that sees the same keys in the
+   same order agree wherever the keys sit in the cache).
+2. ``score_i = dot(q, k_i) * scale``: the dot product in the GEMM contract's order above (8
+   lanes, element d to lane d % 8 by fma in increasing d, the same pairwise reduction), then
+   one fp32 multiply by the scale (rounded to fp32; default 1/sqrt(hd)).
+3. ``m = max_i score_i`` (exact in any order); ``p_i = fixed_exp(score_i - m)``: one exp written
+   with explicit fma only (1.5*2^23 rounding, Cephes' two-step ln 2 reduction, a degree-5
+   polynomial; below -87.33654 it gives +0), the same steps in the portable and AVX2 code.
+4. ``l``: the p_i summed in 8 lanes (lane i % 8, increasing i, from +0), the same reduction.
+5. ``o[d] = fma(p_i, v_i[d], o[d])`` from +0 in increasing i; divide last: ``out = o / l``.
+6. A row that sees no key is zeros (no NaN); in the model every row sees at least itself.
+
+Threads split the rows (b, h, t), never the keys of a row, so the bits do not depend on the
+number of query rows, a row's position among them, the batch, the thread count or the ISA.
+Tests: tests/test_attention_kernel.py.
+
 Block types run in place: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, F32, F16, BF16
 (:func:`supports`); others are to be dequantized by the caller. The C++ sources (``csrc/``)
 build on first use (:mod:`specpilot.kernels.build`); without a compiler :func:`available` is
 False and :func:`unavailable_reason` says why in one line.
 """
 
+from specpilot.kernels.attention import fixed_attention, fixed_exp
 from specpilot.kernels.linear import (
     QTYPES,
     GGUFEmbedding,
@@ -48,6 +70,8 @@ __all__ = [
     "available",
     "check_blocks",
     "dequantize_rows",
+    "fixed_attention",
+    "fixed_exp",
     "gguf_matmul",
     "gguf_matmul_reference",
     "reader_blocks",

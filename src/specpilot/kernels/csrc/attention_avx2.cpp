@@ -1,0 +1,188 @@
+// AVX2 + FMA batch-invariant attention, bit-identical to the portable path (attention_scalar.cpp).
+//
+// Scores: eight visible keys at a time, one __m256 accumulator per key (lane i gets the
+// elements d = 8t + i, increasing t, _mm256_fmadd_ps), then reduce8x8 does the contract's
+// pairwise reduction for all eight at once (lanes i and i+4, then i and i+2, then 0 and 1: the
+// same additions as attention.h reduce8, only transposed). exp8 is fixed_exp step for step.
+// The sum of p_i keeps lane i % 8 in a vector; the weighted sum of V is vectorized over the
+// head dimension (every element still accumulates in increasing key rank). A head dimension
+// that is not a multiple of 8 runs the portable rows. Compiled with -mavx2 -mfma.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "attention.h"
+
+namespace {
+
+inline __m256 exp8(__m256 x) {
+  const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(sp::kExpLo), _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_set1_ps(sp::kExpHi), x);  // NaN stays NaN (min returns x)
+  const __m256 magic = _mm256_set1_ps(sp::kMagic);
+  const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(sp::kLog2e), magic);
+  const __m256 n = _mm256_sub_ps(t, magic);
+  const __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(magic));
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-sp::kC1), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-sp::kC2), r);
+  __m256 p = _mm256_set1_ps(sp::kP0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(sp::kP1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(sp::kP2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(sp::kP3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(sp::kP4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(sp::kP5));
+  const __m256 z = _mm256_mul_ps(r, r);
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, z, r), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+inline float reduce8(__m256 v) {
+  alignas(32) float l[8];
+  _mm256_store_ps(l, v);
+  return sp::reduce8(l);
+}
+
+// reduce8 of eight accumulators at once, results in key order.
+inline __m256 reduce8x8(const __m256* v) {
+  __m256 x[4];
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+  }
+  // x[0] = [s(k0) | s(k1)], s_i = a_i + a_(i+4); then t_i = s_i + s_(i+2)
+  const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  // u = [t0 t1 (k0), t0 t1 (k2) | t0 t1 (k1), t0 t1 (k3)]; then t_0 + t_1
+  const __m256 sum = _mm256_add_ps(_mm256_shuffle_ps(u, w, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(u, w, _MM_SHUFFLE(3, 1, 3, 1)));
+  // sum = [k0 k2 k4 k6 | k1 k3 k5 k7]
+  return _mm256_permutevar8x32_ps(sum, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+void scores(const sp::AttnArgs& a, const float* q, const float* k, const int32_t* idx,
+            int64_t n, float* s) {
+  const int64_t hd = a.hd;
+  const __m256 scale = _mm256_set1_ps(a.scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const float* kr[8];
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) {
+      kr[j] = k + idx[i + j] * a.k_sn;
+      acc[j] = _mm256_setzero_ps();
+    }
+    for (int64_t d = 0; d < hd; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[j] + d), acc[j]);
+    }
+    _mm256_storeu_ps(s + i, _mm256_mul_ps(reduce8x8(acc), scale));
+  }
+  for (; i < n; ++i) {
+    const float* kr = k + idx[i] * a.k_sn;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 8) {
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kr + d), acc);
+    }
+    s[i] = reduce8(acc) * a.scale;
+  }
+}
+
+// p_i = exp(s_i - max) in place (s is padded to a multiple of 8); returns the 8-lane sum.
+float softmax_weights(float* s, int64_t n) {
+  __m256 mv = _mm256_set1_ps(s[0]);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + i));
+  alignas(32) float ml[8];
+  _mm256_store_ps(ml, mv);
+  float m = ml[0];
+  for (int j = 1; j < 8; ++j) m = ml[j] > m ? ml[j] : m;
+  for (; i < n; ++i) m = s[i] > m ? s[i] : m;
+  for (int64_t j = n; j < ((n + 7) & ~int64_t{7}); ++j) s[j] = -INFINITY;  // exp gives +0
+  const __m256 mb = _mm256_set1_ps(m);
+  __m256 lanes = _mm256_setzero_ps();
+  for (i = 0; i < n; i += 8) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mb));
+    _mm256_storeu_ps(s + i, p);
+    lanes = _mm256_add_ps(lanes, p);
+  }
+  return reduce8(lanes);
+}
+
+template <int NV>
+void weighted_v(const sp::AttnArgs& a, const float* v, const int32_t* idx, const float* p,
+                int64_t n, float l, float* out) {
+  __m256 acc[NV];
+  for (int c = 0; c < NV; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; ++i) {
+    const __m256 pi = _mm256_set1_ps(p[i]);
+    const float* vr = v + idx[i] * a.v_sn;
+    for (int c = 0; c < NV; ++c) acc[c] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+  }
+  const __m256 lv = _mm256_set1_ps(l);
+  for (int c = 0; c < NV; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_div_ps(acc[c], lv));
+}
+
+void weighted(const sp::AttnArgs& a, const float* v, const int32_t* idx, const float* p,
+              int64_t n, float l, float* out) {
+  for (int64_t d0 = 0; d0 < a.hd; d0 += 64) {
+    const int64_t nv = (a.hd - d0) / 8 < 8 ? (a.hd - d0) / 8 : 8;
+    switch (nv) {
+      case 8: weighted_v<8>(a, v + d0, idx, p, n, l, out + d0); break;
+      case 7: weighted_v<7>(a, v + d0, idx, p, n, l, out + d0); break;
+      case 6: weighted_v<6>(a, v + d0, idx, p, n, l, out + d0); break;
+      case 5: weighted_v<5>(a, v + d0, idx, p, n, l, out + d0); break;
+      case 4: weighted_v<4>(a, v + d0, idx, p, n, l, out + d0); break;
+      case 3: weighted_v<3>(a, v + d0, idx, p, n, l, out + d0); break;
+      case 2: weighted_v<2>(a, v + d0, idx, p, n, l, out + d0); break;
+      default: weighted_v<1>(a, v + d0, idx, p, n, l, out + d0); break;
+    }
+  }
+}
+
+int64_t visible(const sp::AttnArgs& a, int64_t b, int64_t t, int32_t* idx) {
+  if (a.mask == nullptr) {
+    for (int64_t j = 0; j < a.kv_len; ++j) idx[j] = static_cast<int32_t>(j);
+    return a.kv_len;
+  }
+  const uint8_t* m = a.mask + b * a.m_sb + t * a.m_st;
+  int64_t n = 0;
+  for (int64_t j = 0; j < a.kv_len; ++j) {
+    idx[n] = static_cast<int32_t>(j);
+    n += m[j] != 0;
+  }
+  return n;
+}
+
+void row(const sp::AttnArgs& a, int64_t r, float* work, int32_t* idx) {
+  const int64_t t = r % a.T, h = (r / a.T) % a.H, b = r / (a.T * a.H);
+  const int64_t kh = h / (a.H / a.Hk);
+  const float* q = a.q + b * a.q_sb + h * a.q_sh + t * a.q_st;
+  float* out = a.o + b * a.o_sb + h * a.o_sh + t * a.o_st;
+  const int64_t n = visible(a, b, t, idx);
+  if (n == 0) {
+    for (int64_t d = 0; d < a.hd; ++d) out[d] = 0.0f;
+    return;
+  }
+  scores(a, q, a.k + b * a.k_sb + kh * a.k_sh, idx, n, work);
+  const float l = softmax_weights(work, n);
+  weighted(a, a.v + b * a.v_sb + kh * a.v_sh, idx, work, n, l, out);
+}
+
+}  // namespace
+
+extern "C" void sp_attention_avx2(const sp::AttnArgs* a, int64_t r0, int64_t r1, float* work,
+                                  int32_t* idx) {
+  if (a->hd % 8 != 0) {
+    sp_attention_scalar(a, r0, r1, work, idx);
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r) row(*a, r, work, idx);
+}
+
+extern "C" void sp_exp_avx2(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
+  for (; i < n; ++i) y[i] = sp::fixed_exp(x[i]);
+}
