@@ -2,7 +2,10 @@
 
 ``export`` writes JSON keyed by context and idempotency keys (portable between machines);
 ``import`` merges such a file (entries already present are skipped, so importing twice changes
-nothing). The database is never replaced or truncated by these commands.
+nothing). ``show EFFECT_ID`` says, field by field, why the entry's context is judged similar to
+the current one (``--against CONTEXT_ID``, default the newest context: the latest run's), then
+prints the entry as JSON (``--json``: the JSON only). The database is never replaced or
+truncated by these commands.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--memory", default="~/.cache/specpilot/memory.sqlite",
                    help="memory database (default: %(default)s)")  # fmt: skip
     p.add_argument("--limit", type=int, default=50, help="list: rows to show")
+    p.add_argument("--against", type=int, default=None, metavar="CONTEXT_ID",
+                   help="show: the context to compare the entry's with (the ctx #N of `memory "
+                   "list`; default: the newest)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="show: print the JSON only")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
 
@@ -57,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "list":
             _list(mem, args.limit)
         elif args.action == "show":
-            print(json.dumps(mem.show(args.target), indent=2, default=str))
+            doc = mem.show(args.target, args.against)
+            if "similarity" in doc and not args.json:
+                _why_similar(doc["similarity"])
+            print(json.dumps(doc, indent=2, default=str))
         elif args.action == "export":
             text = json.dumps(mem.export(), indent=2, sort_keys=True) + "\n"
             if args.target:
@@ -112,13 +122,35 @@ def _list(mem: Any, limit: int) -> None:
     for col in ("id", "mechanism", "params", "speedup", "context", "kind", "factor deltas"):
         t.add_column(col, overflow="fold")
     for r in rows:
-        ctx = f"{r['arch']} {r['params_m']:.0f}M {r['drafter_kind']} {r['device']} {r['dtype']} " \
-              f"b{r['batch_size']}"  # fmt: skip
+        extra = " ".join(str(r[k]) for k in ("isa", "weights") if r.get(k))
+        vocab = f" v{r['vocab_size']}" if r.get("vocab_size") else ""
+        ctx = (
+            f"ctx #{r['context_id']}: {r['arch']} {r['params_m']:.0f}M{vocab} "
+            f"{r['drafter_kind']} {r['device']} {r['dtype']} b{r['batch_size']} {extra}"
+        )
         deltas = json.loads(r["factor_deltas"] or "{}")
         t.add_row(str(r["id"]), r["mechanism_id"], r["params"],
                   f"{r['speedup']:.3f} ± {r['spread']:.3f}", ctx, r["kind"],
                   ", ".join(f"{k} {v:+.2f}" for k, v in deltas.items()))  # fmt: skip
     _console().print(t)
+
+
+def _why_similar(sim: dict[str, Any]) -> None:
+    """The similarity reasons of ``memory show`` as a table: per field, both values, whether they
+    agree, the weight and the score."""
+    from rich.table import Table
+
+    t = Table(title=f"why similar to context #{sim['against']}: {sim['total']:.3f} of 1")
+    for col in ("field", f"context #{sim['against']}", "entry", "judged", "score / weight"):
+        t.add_column(col, overflow="fold")
+    for f in sim["fields"]:
+        t.add_row(f["field"], _value(f["ours"]), _value(f["theirs"]), f["how"],
+                  f"{f['score']:.3f} / {f['weight']:.2f}")  # fmt: skip
+    _console().print(t)
+
+
+def _value(v: Any) -> str:
+    return "unknown" if v in ("", 0, None) else str(v)
 
 
 def _console() -> Any:

@@ -9,6 +9,8 @@ process's own), and :func:`load_limit` is the most that still counts as quiet.
 
 :func:`cache_root` is the directory those caches live in: the parent of ``$SPECPILOT_CACHE``
 (which names the converted-model cache, ``.../specpilot/models``), else ``~/.cache/specpilot``.
+:func:`isa_level` classes the CPU for the native kernels and the memory's contexts
+(``avx512_vnni``, ``avx512``, ``avx2``, ``portable``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,28 @@ def cpu_isa() -> str:
     flags = set((_cpuinfo_field("flags") or _cpuinfo_field("Features") or "").split())
     have = [f for f in ISA_FLAGS if f in flags]
     return "+".join(have) if have else platform.machine() or "unknown"
+
+
+ISA_LEVELS = ("avx512_vnni", "avx512", "avx2", "portable")
+"""The kernel ISA classes memory contexts are keyed by, best first."""
+
+
+def isa_level(flags: str | None = None) -> str:
+    """This CPU's kernel ISA class (one of :data:`ISA_LEVELS`) from its ``/proc/cpuinfo`` flags
+    (``flags``: a flags line to classify instead of this machine's).
+
+    >>> isa_level("fpu avx avx2 fma f16c avx512f avx512_vnni")
+    'avx512_vnni'
+    >>> isa_level("fpu avx avx2 fma f16c"), isa_level("fpu sse2"), isa_level("avx2")
+    ('avx2', 'portable', 'portable')
+    """
+    line = (_cpuinfo_field("flags") or "") if flags is None else flags
+    have = set(line.split())
+    if not {"avx2", "fma", "f16c"} <= have:  # what the AVX2 kernels need
+        return "portable"
+    if "avx512f" not in have:
+        return "avx2"
+    return "avx512_vnni" if "avx512_vnni" in have else "avx512"
 
 
 def cpu_times() -> CpuSample | None:

@@ -31,6 +31,7 @@ import torch
 from specpilot.drafters.base import Drafter
 from specpilot.engine import Engine, EngineConfig
 from specpilot.errors import ConfigError, DrafterError
+from specpilot.machine import cpu_model, isa_level
 from specpilot.mechanisms.base import Context, RuntimeMechanism, RuntimeSetup
 from specpilot.plan import Plan
 from specpilot.tree import TreeSpec
@@ -112,7 +113,8 @@ def context_of(
 ) -> Context:
     """Where ``plan`` runs for ``loaded`` at ``batch_size``. ``drafters``: extra drafters that can
     be built here besides lookup and suffix ("model" when a draft model is loaded, trained
-    drafter directories)."""
+    drafter directories). The host's CPU model and kernel ISA class are filled on GPU contexts
+    too (the host runs the drafters and the loop)."""
     if batch_size < 1:
         raise ConfigError(f"batch size must be >= 1, got {batch_size}")
     dev = plan.engine.device
@@ -131,7 +133,17 @@ def context_of(
         batch_size=batch_size,
         threads=threads,
         drafters=tuple(dict.fromkeys((*TRAINING_FREE, *shipped_for(loaded), *drafters))),
+        vocab_size=int(loaded.cfg.vocab_size),
+        cpu_model=_host()[0],
+        isa=_host()[1],
+        weights="native" if getattr(loaded.model, "native", False) else "fp32",
     )
+
+
+@functools.cache
+def _host() -> tuple[str, str]:
+    """(CPU model name, kernel ISA class) of this host, read once per process."""
+    return cpu_model(), isa_level()
 
 
 def shipped_for(loaded: Any) -> tuple[str, ...]:

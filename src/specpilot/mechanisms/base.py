@@ -89,10 +89,24 @@ class Context:
     drafters: tuple[str, ...] = ("lookup", "suffix")
     """Drafters that can be built here: the training-free ones, plus "model" when a draft model
     is loaded and trained drafter directories when they exist."""
+    vocab_size: int = 0
+    """The target's vocabulary size (0 = unknown: an entry recorded before contexts had it)."""
+    cpu_model: str = ""
+    """The host CPU's model name (:func:`specpilot.machine.cpu_model`; "" = unknown)."""
+    isa: str = ""
+    """The host CPU's kernel ISA class (:func:`specpilot.machine.isa_level`; "" = unknown)."""
+    weights: str = ""
+    """How the target's weights run: "fp32" (dequantized) or "native" (GGUF blocks through the
+    kernels); "" = unknown."""
 
     @property
     def on_gpu(self) -> bool:
         return self.device != "cpu"
+
+    @property
+    def native(self) -> bool:
+        """The target runs its GGUF blocks through the native kernels."""
+        return self.weights == "native"
 
 
 @runtime_checkable

@@ -2,7 +2,9 @@
 
 Tables:
   * contexts   - where plans ran: architecture, size (M params), drafter kind, device, dtype,
-                 batch size, threads; unique by a canonical ``key``;
+                 batch size, threads, and (columns added to v1 in place, NULL = unknown in
+                 entries recorded before) vocabulary size, CPU model, kernel ISA class, weights
+                 mode; unique by a canonical ``key``;
   * mechanisms - id, factor, description;
   * trials     - every finished trial: idempotency key (unique: recording twice is a no-op), run,
                  round, kind (explore / integrate), context, mechanism steps and params, status,
@@ -17,12 +19,14 @@ Tables:
 The coordinator is the only writer (one connection, one thread); every write commits before the
 coordinator takes its next step (``synchronous=FULL``). ``export`` / ``import_json`` move entries
 between machines as JSON keyed by context key and idempotency key, never by row ids.
+Opening a database recorded by an older specpilot adds the missing context columns
+(``ALTER TABLE ADD COLUMN``): the schema version stays 1 and no entry is lost. Similarity of
+contexts: :mod:`specpilot.pilot.similarity`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
@@ -32,6 +36,7 @@ from typing import Any
 
 from specpilot.errors import ConfigError
 from specpilot.mechanisms.base import Context
+from specpilot.pilot.similarity import similarity, similarity_reasons
 
 SCHEMA_VERSION = 1
 DEFAULT_MEMORY = Path("~/.cache/specpilot/memory.sqlite")
@@ -58,20 +63,46 @@ CREATE TABLE IF NOT EXISTS agent_sources(
 CREATE INDEX IF NOT EXISTS trials_mech ON trials(mechanism_id);
 CREATE INDEX IF NOT EXISTS effects_mech ON effects(mechanism_id);
 """
+ADDED_CONTEXT_COLUMNS = (
+    ("vocab_size", "INTEGER"), ("cpu_model", "TEXT"), ("isa", "TEXT"), ("weights", "TEXT"),
+)  # fmt: skip
+"""Context columns added to schema v1 in place (what transfer needs; NULL = unknown)."""
+_CONTEXT_COLUMNS = ("key", "arch", "params_m", "drafter_kind", "device", "dtype", "batch_size",
+                    "threads", "created", *(c for c, _ in ADDED_CONTEXT_COLUMNS))  # fmt: skip
+_INSERT_CONTEXT = (
+    f"INSERT OR IGNORE INTO contexts({', '.join(_CONTEXT_COLUMNS)}) "
+    f"VALUES({','.join('?' * len(_CONTEXT_COLUMNS))})"
+)
 
 
 def context_key(ctx: Context) -> str:
     return json.dumps(asdict(ctx), sort_keys=True, separators=(",", ":"))
 
 
-def similarity(a: Context, b: Context) -> float:
-    """In [0, 1]: 1 for the same context; architecture, drafter and device weigh most, then
-    dtype, batch size (log2 distance) and model size (log10 distance)."""
-    s = 0.3 * (a.arch == b.arch) + 0.25 * (a.drafter_kind == b.drafter_kind)
-    s += 0.2 * (a.device == b.device) + 0.1 * (a.dtype == b.dtype)
-    s += 0.1 / (1 + abs(math.log2(max(a.batch_size, 1) / max(b.batch_size, 1))))
-    s += 0.05 / (1 + abs(math.log10(max(a.params_m, 1e-3) / max(b.params_m, 1e-3))))
-    return round(s, 6)
+def _migrate(db: sqlite3.Connection) -> None:
+    """Add the context columns a v1 database recorded by an older specpilot lacks."""
+    have = {r[1] for r in db.execute("PRAGMA table_info(contexts)")}
+    for name, kind in ADDED_CONTEXT_COLUMNS:
+        if name not in have:
+            try:
+                db.execute(f"ALTER TABLE contexts ADD COLUMN {name} {kind}")
+            except sqlite3.OperationalError as e:  # another process added it just now
+                if "duplicate column" not in str(e):
+                    raise
+
+
+def _known(v: Any) -> Any:
+    """A context value as stored: unknown ("" or 0) as NULL."""
+    return None if v in ("", 0) else v
+
+
+def row_context(r: Mapping[str, Any]) -> Context:
+    """The :class:`Context` of a ``contexts`` row (NULL columns: unknown)."""
+    return Context(
+        r["arch"], r["params_m"], r["drafter_kind"], r["device"], r["dtype"], r["batch_size"],
+        r["threads"], vocab_size=r["vocab_size"] or 0, cpu_model=r["cpu_model"] or "",
+        isa=r["isa"] or "", weights=r["weights"] or "",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -104,6 +135,7 @@ class Memory:
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.execute("PRAGMA foreign_keys=ON")
             self.db.executescript(_SCHEMA)
+            _migrate(self.db)
             row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if row is None:
                 self.db.execute("INSERT INTO meta VALUES('schema', ?)", (str(SCHEMA_VERSION),))
@@ -125,10 +157,10 @@ class Memory:
     def context_id(self, ctx: Context) -> int:
         key = context_key(ctx)
         self.db.execute(
-            "INSERT OR IGNORE INTO contexts(key, arch, params_m, drafter_kind, device, dtype, "
-            "batch_size, threads, created) VALUES(?,?,?,?,?,?,?,?,?)",
+            _INSERT_CONTEXT,
             (key, ctx.arch, ctx.params_m, ctx.drafter_kind, ctx.device, ctx.dtype,
-             ctx.batch_size, ctx.threads, time.time()),
+             ctx.batch_size, ctx.threads, time.time(), _known(ctx.vocab_size),
+             _known(ctx.cpu_model), _known(ctx.isa), _known(ctx.weights)),
         )  # fmt: skip
         return int(self.db.execute("SELECT id FROM contexts WHERE key=?", (key,)).fetchone()[0])
 
@@ -243,12 +275,8 @@ class Memory:
         for r in rows:
             if r["speedup"] - (r["spread"] or 0.0) <= 1.0:
                 continue
-            other = Context(
-                r["arch"], r["params_m"], r["drafter_kind"], r["device"], r["dtype"],
-                r["batch_size"], r["threads"],
-            )  # fmt: skip
             p = Prior(mechanism, json.loads(r["params"]), r["speedup"], r["spread"] or 0.0,
-                      similarity(ctx, other), r["key"])  # fmt: skip
+                      similarity(ctx, row_context(r)), r["key"])  # fmt: skip
             if r["params"] not in best or p.score > best[r["params"]].score:
                 best[r["params"]] = p
         return sorted(best.values(), key=lambda p: -p.score)[:limit]
@@ -257,15 +285,18 @@ class Memory:
         """Effects with their context, best first (``specpilot memory list``)."""
         rows = self.db.execute(
             "SELECT e.id, e.mechanism_id, e.params, e.speedup, e.spread, e.factor_deltas, "
-            "c.arch, c.params_m, c.drafter_kind, c.device, c.dtype, c.batch_size, t.idem_key, "
-            "t.kind FROM effects e JOIN contexts c ON c.id = e.context_id "
-            "JOIN trials t ON t.id = e.trial_id ORDER BY e.speedup DESC LIMIT ?",
+            "c.id AS context_id, c.arch, c.params_m, c.drafter_kind, c.device, c.dtype, "
+            "c.batch_size, c.vocab_size, c.isa, c.weights, t.idem_key, t.kind FROM effects e "
+            "JOIN contexts c ON c.id = e.context_id JOIN trials t ON t.id = e.trial_id "
+            "ORDER BY e.speedup DESC LIMIT ?",
             (limit,),
         ).fetchall()
         return [dict(r) for r in rows]
 
-    def show(self, entry: str) -> dict[str, Any]:
-        """One effect (by id) or mechanism (by name), with trials and validation."""
+    def show(self, entry: str, against: int | None = None) -> dict[str, Any]:
+        """One effect (by id) or mechanism (by name), with trials and validation. An effect comes
+        with ``similarity``: why its context is judged similar to context ``against`` (an id of
+        the contexts table; default the newest, i.e. the latest run's)."""
         if entry.isdigit():
             row = self.db.execute("SELECT * FROM effects WHERE id=?", (int(entry),)).fetchone()
             if row is None:
@@ -284,6 +315,7 @@ class Memory:
                 "context": dict(ctx),
                 "trial": {k: v for k, v in dict(trial).items() if k != "result"},
                 "validation": dict(val) if val else None,
+                "similarity": self._why_similar(ctx, against),
             }
         mech = self.db.execute("SELECT * FROM mechanisms WHERE id=?", (entry,)).fetchone()
         trials = self.db.execute(
@@ -296,6 +328,23 @@ class Memory:
         return {
             "mechanism": dict(mech) if mech else {"id": entry},
             "trials": [dict(t) for t in trials],
+        }
+
+    def _why_similar(self, entry_ctx: Mapping[str, Any], against: int | None) -> dict[str, Any]:
+        """``similarity_reasons`` of ``against`` (a context id; default the newest) and the
+        entry's context, as JSON-ready data."""
+        if against is None:
+            newest = "SELECT * FROM contexts ORDER BY created DESC, id DESC"
+            ref = self.db.execute(newest).fetchone()
+        else:
+            ref = self.db.execute("SELECT * FROM contexts WHERE id=?", (against,)).fetchone()
+            if ref is None:
+                raise ConfigError(f"memory: no context #{against}; see `specpilot memory list`")
+        reasons = similarity_reasons(row_context(ref), row_context(entry_ctx))
+        return {
+            "against": int(ref["id"]),
+            "total": round(sum(r.score for r in reasons), 6),
+            "fields": [asdict(r) for r in reasons],
         }
 
     def counts(self) -> dict[str, int]:
@@ -362,10 +411,10 @@ class Memory:
                 self.db.execute("BEGIN IMMEDIATE")
                 for c in doc.get("contexts", []):
                     cur = self.db.execute(
-                        "INSERT OR IGNORE INTO contexts(key, arch, params_m, drafter_kind, device, "
-                        "dtype, batch_size, threads, created) VALUES(?,?,?,?,?,?,?,?,?)",
+                        _INSERT_CONTEXT,
                         (c["key"], c["arch"], c["params_m"], c["drafter_kind"], c["device"],
-                         c["dtype"], c["batch_size"], c["threads"], c.get("created")),
+                         c["dtype"], c["batch_size"], c["threads"], c.get("created"),
+                         *(c.get(name) for name, _ in ADDED_CONTEXT_COLUMNS)),
                     )  # fmt: skip
                     added["contexts"] += cur.rowcount
                 for m in doc.get("mechanisms", []):
