@@ -1,7 +1,7 @@
 """Side-by-side benchmark: plain AR vs speculative decoding (and optional peers), token-forced.
 
 Protocol (the same for every figure in BENCHMARKS.md):
-  1. warm-up: a short AR and speculative generation on the first prompt (not timed);
+  1. warm-up: a short AR, speculative and peer generation on the first prompt (not timed);
   2. round 1: per prompt, interleaved, AR (the reference, with logit margins), each speculative
      candidate, then each peer; the candidates' and peers' outputs are compared token by token
      with the reference (token forcing) before any speed is reported;
@@ -203,6 +203,8 @@ def run_bench(
         engine.generate(
             prompts[0][1], warm_gen, drafter=c.make_drafter(), spec=c.spec, eos_ids=eos_ids
         )
+    for peer in peers:
+        peer.generate(prompts[0][1], warm_gen.max_new_tokens, ())
     col = _Collected(candidates, peers)
     for rnd in range(cfg.repeats):
         _bench_round(engine, prompts, candidates, peers, cfg, eos_ids, col, rnd, progress)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--peers",
         action="append",
         default=[],
-        choices=["hf"],
+        choices=["hf", "llama.cpp"],
         help="also run Hugging Face transformers greedy, prompt lookup, and (with "
-        "--draft-model) assisted generation on the same weights",
+        "--draft-model) assisted generation on the same weights (hf), or llama.cpp plain and "
+        "prompt lookup decoding on the same GGUF file (llama.cpp; needs specpilot[llamacpp])",
     )
     b.add_argument("--json", default=None, help="write results to this JSON file")
     s = b.add_argument_group("sampling (seeded: the same text with and without speculation)")
@@ -108,6 +110,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     note_chat_fallback(tok, [p.chat for p in prompts])
     if args.batch_size is not None:
         return _bench_batch(args, loaded, engine, candidates, encoded)
+    peers = [*peers, *_llamacpp_peers(args, loaded.source, encoded)]
     console = progress_console()
     with progress_bar(console) as bar:
         task = bar.add_task("bench", total=len(encoded) * cfg.repeats)
@@ -134,6 +137,21 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0 if res.lossless else 1
+
+
+def _llamacpp_peers(args: argparse.Namespace, source: str, encoded: list[Any]) -> list[Any]:
+    """The llama.cpp peers for ``--peers llama.cpp``; none, with a one-line notice, when
+    llama-cpp-python is absent or the model is not a GGUF file."""
+    if "llama.cpp" not in args.peers:
+        return []
+    from specpilot.peers.llamacpp import PeerUnavailable, bench_config, make_llamacpp_peers
+
+    cfg = bench_config(source, args.threads, [len(p) for _, p in encoded], args.max_new_tokens)
+    try:
+        return make_llamacpp_peers(cfg)
+    except PeerUnavailable as e:
+        print(f"specpilot: note: {e}", file=sys.stderr)
+        return []
 
 
 def _bench_batch(

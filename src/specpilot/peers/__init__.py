@@ -17,14 +17,28 @@ from specpilot.peers.hf import (
     hf_model_from_dir,
     make_hf_peers,
 )
+from specpilot.peers.llamacpp import (
+    LLAMACPP_PEER_NAMES,
+    LlamaCppConfig,
+    LlamaCppGreedy,
+    LlamaCppLookup,
+    PeerUnavailable,
+    make_llamacpp_peers,
+)
 
 __all__ = [
+    "LLAMACPP_PEER_NAMES",
     "PEER_NAMES",
     "HFAssisted",
     "HFGreedy",
     "HFPromptLookup",
+    "LlamaCppConfig",
+    "LlamaCppGreedy",
+    "LlamaCppLookup",
     "Peer",
+    "PeerUnavailable",
     "build_hf_model",
     "hf_model_from_dir",
     "make_hf_peers",
+    "make_llamacpp_peers",
 ]
