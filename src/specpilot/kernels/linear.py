@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from specpilot.errors import ModelLoadError
-from specpilot.kernels import build
+from specpilot.kernels import build, int8
 
 QTYPES = {
     "F32": 0,
@@ -44,6 +44,10 @@ _BLOCK = {
 }
 """type id -> (elements per block, bytes per block)."""
 ISAS = {"auto": 0, "portable": 1, "avx2": 2}
+ROW_TILES = (1, 2, 4, 8)
+"""Row tiles of the native GEMM (rows sharing one weight decode); 0 = the op's default."""
+COL_TILES = (1, 2, 4)
+"""Column tiles (output columns per inner loop); 0 = the op's default."""
 ISA_ENV = "SPECPILOT_KERNELS_ISA"
 
 _registered = False
@@ -197,7 +201,10 @@ class GGUFLinear(nn.Module):
         self.isa = isa_code()
         # built and loaded now, so forward is one op call (torch.compile traces it)
         self._op = _ops().gguf_matmul.default
+        self._profile = int8.DEFAULT_PROFILE
         self._dense: Tensor | None = None
+        self.tiles: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+        """(row tile, column tile) of one-row calls and of multi-row calls; see set_schedule."""
 
     @classmethod
     def from_reader_tensor(cls, tensor: Any, bias: Tensor | None = None) -> GGUFLinear:
@@ -207,10 +214,40 @@ class GGUFLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         n, k = self.out_features, self.in_features
         if x.dim() == 2 and x.dtype == torch.float32:  # the common case: no reshapes
-            return self._op(x, self.blocks, self.qtype, n, k, self.bias, self.isa, 0, 0)
+            rt, ct = self.tiles[x.shape[0] > 1]
+            return self._op(x, self.blocks, self.qtype, n, k, self.bias, self.isa, rt, ct)
         x2 = x.reshape(-1, k).to(torch.float32)
-        y = self._op(x2, self.blocks, self.qtype, n, k, self.bias, self.isa, 0, 0)
+        rt, ct = self.tiles[x2.shape[0] > 1]
+        y = self._op(x2, self.blocks, self.qtype, n, k, self.bias, self.isa, rt, ct)
         return y.reshape(*x.shape[:-1], n)
+
+    def set_schedule(
+        self, single: tuple[int, int] = (0, 0), multi: tuple[int, int] = (0, 0)
+    ) -> None:
+        """The GEMM's (row tile, column tile) for one-row calls (plain decoding) and for
+        multi-row calls (verify, prefill); 0 = the op's default (one row: 1 x 4, more: 4 x 2).
+        Tiles change the schedule only, never a bit of the output (the numerics contract).
+        ValueError for a tile outside :data:`ROW_TILES` / :data:`COL_TILES`."""
+        for rt, ct in (single, multi):
+            if rt not in (0, *ROW_TILES) or ct not in (0, *COL_TILES):
+                raise ValueError(
+                    f"kernel tiles ({rt}, {ct}): row tile must be 0 or one of {ROW_TILES}, "
+                    f"column tile 0 or one of {COL_TILES}"
+                )
+        self.tiles = ((int(single[0]), int(single[1])), (int(multi[0]), int(multi[1])))
+
+    @property
+    def profile(self) -> str:
+        """The numerics profile, ``fp32`` (default) or ``int8`` (:mod:`specpilot.kernels.int8`);
+        a weight type without an int8 kernel runs its fp32-activation kernel in either."""
+        return self._profile
+
+    @profile.setter
+    def profile(self, name: str) -> None:
+        int8.check_profile(name)
+        use_q8 = name == "int8" and int8.int8_supports(self.qtype)
+        self._op = int8.q8_op() if use_q8 else _ops().gguf_matmul.default
+        self._profile = name
 
     @property
     def weight(self) -> Tensor:
@@ -225,6 +262,17 @@ class GGUFLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, qtype={self.qtype}"
+
+
+def set_schedule(
+    module: nn.Module, single: tuple[int, int] = (0, 0), multi: tuple[int, int] = (0, 0)
+) -> int:
+    """:meth:`GGUFLinear.set_schedule` on every GGUFLinear in ``module`` (e.g. a whole
+    :class:`specpilot.model.Transformer`); returns how many it set (0: no native weights)."""
+    mods = [m for m in module.modules() if isinstance(m, GGUFLinear)]
+    for m in mods:
+        m.set_schedule(single, multi)
+    return len(mods)
 
 
 class GGUFEmbedding(nn.Module):

@@ -1,0 +1,128 @@
+// Int8-activation profile: Q8 activation rows and the integer weight terms shared by every path.
+//
+// Activations are quantized per row in blocks of 32 (sp_q8_quantize): d = max|x| / 127 (fp32
+// division), id = d != 0 ? 1 / d : 0, q = nearbyint(x * id) (round half to even, the default
+// rounding mode), s = d * (float)sum(q). A weight block of 32 gives integers w[32] and floats
+// a (scale) and b (min; 0 when the type has none), so that the block's exact contribution
+// sum(w_dequant * x_dequant) is a * d * isum + b * s, with isum an exact int32 dot product
+// (Q6_K: isum = sc0 * dot(lo 16) + sc1 * dot(hi 16), its two integer sub-scales folded in).
+#pragma once
+
+#include <cstdint>
+
+#include "formats.h"
+
+namespace sp {
+
+// Quantized activations: m rows of k int8 values, k / 32 scales d and block sums s per row.
+struct Q8Rows {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  int64_t m;
+  int64_t k;
+};
+
+// One GEMM y[m, n] = x[m, k] . w[n, k]^T (+ bias[n]) with x in Q8 blocks.
+struct Q8GemmArgs {
+  int qtype;
+  Q8Rows x;
+  const uint8_t* w;
+  int64_t row_bytes;
+  const float* bias;  // nullptr: none
+  float* y;
+  int64_t n;
+};
+
+inline bool q8_supported(int qt) {
+  return qt == Q4_0 || qt == Q4_1 || qt == Q5_0 || qt == Q8_0 || qt == Q4_K || qt == Q6_K;
+}
+
+inline bool q8_has_min(int qt) { return qt == Q4_1 || qt == Q4_K; }
+
+// Integer weights w[32] of block s (32 elements) of a quantized row, its scale a and min b,
+// and the integer sub-scales of its two halves (1 and 1 except for Q6_K).
+inline void q8_weight_block(int qt, const uint8_t* row, int64_t s, int8_t* w, float* a, float* b,
+                            int* sc0, int* sc1) {
+  *b = 0.0f;
+  *sc0 = 1;
+  *sc1 = 1;
+  switch (qt) {
+    case Q4_0: {
+      const uint8_t* p = row + s * 18;
+      *a = half_to_float(rd16(p));
+      for (int l = 0; l < 16; ++l) {
+        w[l] = static_cast<int8_t>((p[2 + l] & 0x0f) - 8);
+        w[l + 16] = static_cast<int8_t>((p[2 + l] >> 4) - 8);
+      }
+      return;
+    }
+    case Q4_1: {
+      const uint8_t* p = row + s * 20;
+      *a = half_to_float(rd16(p));
+      *b = half_to_float(rd16(p + 2));
+      for (int l = 0; l < 16; ++l) {
+        w[l] = static_cast<int8_t>(p[4 + l] & 0x0f);
+        w[l + 16] = static_cast<int8_t>(p[4 + l] >> 4);
+      }
+      return;
+    }
+    case Q5_0: {
+      const uint8_t* p = row + s * 22;
+      *a = half_to_float(rd16(p));
+      const uint32_t qh = rd32(p + 2);
+      for (int l = 0; l < 16; ++l) {
+        const int lo = (p[6 + l] & 0x0f) | static_cast<int>(((qh >> l) & 1u) << 4);
+        const int hi = (p[6 + l] >> 4) | static_cast<int>(((qh >> (l + 16)) & 1u) << 4);
+        w[l] = static_cast<int8_t>(lo - 16);
+        w[l + 16] = static_cast<int8_t>(hi - 16);
+      }
+      return;
+    }
+    case Q8_0: {
+      const uint8_t* p = row + s * 34;
+      *a = half_to_float(rd16(p));
+      for (int l = 0; l < 32; ++l) w[l] = static_cast<int8_t>(p[2 + l]);
+      return;
+    }
+    case Q4_K: {
+      const uint8_t* p = row + (s / 8) * 144;
+      const int j = static_cast<int>(s % 8);
+      int sc, mn;
+      q4k_scale_min(p + 4, j, &sc, &mn);
+      *a = half_to_float(rd16(p)) * static_cast<float>(sc);         // exact in fp32
+      *b = -(half_to_float(rd16(p + 2)) * static_cast<float>(mn));  // exact in fp32
+      const uint8_t* q = p + 16 + 32 * (j / 2);
+      const int shift = 4 * (j % 2);
+      for (int l = 0; l < 32; ++l) w[l] = static_cast<int8_t>((q[l] >> shift) & 0x0f);
+      return;
+    }
+    case Q6_K: {
+      const uint8_t* p = row + (s / 8) * 210;
+      const int j = static_cast<int>(s % 8), h = j / 4, jj = j % 4;
+      const uint8_t* ql = p + 64 * h + 32 * (jj % 2);
+      const uint8_t* qh = p + 128 + 32 * h;
+      const int sl = 4 * (jj / 2), sh = 2 * jj;
+      *a = half_to_float(rd16(p + 208));
+      *sc0 = static_cast<int8_t>(p[192 + 2 * j]);
+      *sc1 = static_cast<int8_t>(p[192 + 2 * j + 1]);
+      for (int l = 0; l < 32; ++l) {
+        w[l] = static_cast<int8_t>((((ql[l] >> sl) & 0x0f) | (((qh[l] >> sh) & 3) << 4)) - 32);
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+}  // namespace sp
+
+extern "C" {
+// Quantize m rows of k floats (k % 32 == 0) to Q8 blocks: q (m, k), d and s (m, k / 32).
+void sp_q8_quantize(const float* x, int64_t m, int64_t k, int8_t* q, float* d, float* s);
+// Portable int8-activation GEMM: columns [n0, n1), the profile's reference order.
+void sp_gemm_q8_scalar(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1);
+// AVX2 int8-activation GEMM: columns [n0, n1), row tile <= row_tile, column tile col_tile.
+void sp_gemm_q8_avx2(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1, int row_tile, int col_tile);
+}

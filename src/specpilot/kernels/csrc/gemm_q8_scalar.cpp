@@ -1,0 +1,88 @@
+// Portable int8-activation GEMM over GGUF blocks: the reference order of the int8 profile.
+//
+// Row quantization (sp_q8_quantize) and, per output element, 8 fp32 lanes starting at +0:
+// weight block j (32 elements along k) goes to lane j % 8, in increasing j:
+//   lane = fma(a_w * d_x, (float)isum, lane); then, for types with a min (Q4_1, Q4_K),
+//   lane = fma(b_w, s_x, lane);
+// then the fp32 contract's pairwise reduction (a_i + a_(i+4), then + a_(i+2), then + a_1) and
+// the bias last. The AVX2 path (gemm_q8_avx2.cpp) gives the same bits.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+
+#include "gemm_q8.h"
+
+namespace {
+
+constexpr int kRows = 4;  // rows sharing one decoded weight block; changes no row's order
+
+float reduce8(float* acc) {
+  for (int w = 4; w >= 1; w /= 2) {
+    for (int i = 0; i < w; ++i) acc[i] = acc[i] + acc[i + w];
+  }
+  return acc[0];
+}
+
+void column_rows(const sp::Q8GemmArgs& a, int64_t col, int64_t r0, int rows) {
+  float acc[kRows][8] = {};
+  const uint8_t* row = a.w + col * a.row_bytes;
+  const int64_t nb = a.x.k / 32;
+  const bool has_min = sp::q8_has_min(a.qtype);
+  int8_t w[32];
+  for (int64_t j = 0; j < nb; ++j) {
+    float aw, bw;
+    int sc0, sc1;
+    sp::q8_weight_block(a.qtype, row, j, w, &aw, &bw, &sc0, &sc1);
+    for (int r = 0; r < rows; ++r) {
+      const int64_t xr = r0 + r;
+      const int8_t* q = a.x.q + xr * a.x.k + 32 * j;
+      int32_t lo = 0, hi = 0;
+      for (int l = 0; l < 16; ++l) lo += static_cast<int32_t>(w[l]) * q[l];
+      for (int l = 16; l < 32; ++l) hi += static_cast<int32_t>(w[l]) * q[l];
+      const int32_t isum = sc0 * lo + sc1 * hi;
+      float& lane = acc[r][j % 8];
+      const float p = aw * a.x.d[xr * nb + j];
+      lane = std::fma(p, static_cast<float>(isum), lane);
+      if (has_min) lane = std::fma(bw, a.x.s[xr * nb + j], lane);
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    float v = reduce8(acc[r]);
+    if (a.bias != nullptr) v = v + a.bias[col];
+    a.y[(r0 + r) * a.n + col] = v;
+  }
+}
+
+}  // namespace
+
+extern "C" void sp_q8_quantize(const float* x, int64_t m, int64_t k, int8_t* q, float* d,
+                               float* s) {
+  const int64_t nb = k / 32;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = 0; j < nb; ++j) {
+      const float* xb = x + r * k + 32 * j;
+      float amax = 0.0f;
+      for (int l = 0; l < 32; ++l) amax = std::fmax(amax, std::fabs(xb[l]));
+      const float dj = amax / 127.0f;
+      const float id = dj != 0.0f ? 1.0f / dj : 0.0f;
+      int32_t sum = 0;
+      int8_t* qb = q + r * k + 32 * j;
+      for (int l = 0; l < 32; ++l) {
+        const int v = static_cast<int>(std::nearbyint(xb[l] * id));
+        qb[l] = static_cast<int8_t>(v);
+        sum += v;
+      }
+      d[r * nb + j] = dj;
+      s[r * nb + j] = dj * static_cast<float>(sum);
+    }
+  }
+}
+
+extern "C" void sp_gemm_q8_scalar(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1) {
+  for (int64_t col = n0; col < n1; ++col) {
+    for (int64_t r0 = 0; r0 < a->x.m; r0 += kRows) {
+      const int rows = static_cast<int>(a->x.m - r0 < kRows ? a->x.m - r0 : kRows);
+      column_rows(*a, col, r0, rows);
+    }
+  }
+}

@@ -1,0 +1,110 @@
+// Torch custom ops of the int8-activation profile (added to the `specpilot` library).
+//
+// q8_quantize(x) -> (q int8 (m, k), d fp32 (m, k/32), s fp32 (m, k/32)): the activation rows
+// in Q8 blocks (gemm_q8.h). gguf_matmul_q8(x, ...): quantizes x, then y = x_q8 . W^T + b over
+// the weight blocks; threads split the output columns only (at::parallel_for over n), k is never
+// split, so neither the thread count nor the tile shape changes a column's order.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "gemm_q8.h"
+
+namespace {
+
+bool q8_cpu_has_avx2() {
+#if defined(SP_NO_AVX2)
+  return false;
+#elif defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+void check_x(const at::Tensor& x, int64_t k) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
+                  x.size(1) == k,
+              "specpilot: x must be a CPU float32 tensor of shape (m, ", k, ")");
+  TORCH_CHECK(k > 0 && k % 32 == 0, "specpilot: k=", k, " is not a multiple of 32");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> q8_quantize(const at::Tensor& x_in) {
+  TORCH_CHECK(x_in.dim() == 2, "specpilot: x must be 2-D");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t m = x.size(0), k = x.size(1);
+  check_x(x, k);
+  at::Tensor q = at::empty({m, k}, x.options().dtype(at::kChar));
+  at::Tensor d = at::empty({m, k / 32}, x.options());
+  at::Tensor s = at::empty({m, k / 32}, x.options());
+  if (m > 0) {
+    sp_q8_quantize(x.data_ptr<float>(), m, k, q.data_ptr<int8_t>(), d.data_ptr<float>(),
+                   s.data_ptr<float>());
+  }
+  return {q, d, s};
+}
+
+at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype,
+                          int64_t n, int64_t k, const c10::optional<at::Tensor>& bias,
+                          int64_t isa, int64_t row_tile, int64_t col_tile) {
+  const int qt = static_cast<int>(qtype);
+  TORCH_CHECK(sp::q8_supported(qt), "specpilot: GGUF type ", qtype, " has no int8 kernel");
+  const at::Tensor x = x_in.contiguous();
+  check_x(x, k);
+  TORCH_CHECK(n > 0, "specpilot: n must be positive");
+  const int64_t rb = k / sp::block_elems(qt) * sp::block_bytes(qt);
+  TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte &&
+                  blocks.is_contiguous() && blocks.numel() == n * rb,
+              "specpilot: blocks must be a contiguous CPU uint8 tensor of ", n * rb, " bytes");
+  TORCH_CHECK(isa >= 0 && isa <= 2, "specpilot: isa must be 0 (auto), 1 (portable) or 2 (avx2)");
+  const bool avx2 = isa == 2 || (isa == 0 && q8_cpu_has_avx2());
+  TORCH_CHECK(!avx2 || q8_cpu_has_avx2(), "specpilot: the AVX2 path is not available here");
+  const float* bp = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == n && bias->is_contiguous(),
+                "specpilot: bias must be a contiguous float32 tensor of ", n, " elements");
+    bp = bias->data_ptr<float>();
+  }
+  const int64_t m = x.size(0);
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m == 0) return y;
+  auto [q, d, s] = q8_quantize(x);
+  const sp::Q8GemmArgs a{qt,
+                         sp::Q8Rows{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(),
+                                    m, k},
+                         blocks.data_ptr<uint8_t>(),
+                         rb,
+                         bp,
+                         y.data_ptr<float>(),
+                         n};
+  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : (m == 1 ? 1 : 4);
+  const int ct = col_tile > 0 ? static_cast<int>(col_tile) : (m == 1 ? 4 : 2);
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
+  at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
+    if (avx2) {
+#if !defined(SP_NO_AVX2)
+      sp_gemm_q8_avx2(&a, n0, n1, rt, ct);
+#endif
+    } else {
+      sp_gemm_q8_scalar(&a, n0, n1);
+    }
+  });
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(specpilot, m) {
+  m.def("q8_quantize(Tensor x) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "gguf_matmul_q8(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, "
+      "int isa=0, int row_tile=0, int col_tile=0) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specpilot, CPU, m) {
+  m.impl("q8_quantize", &q8_quantize);
+  m.impl("gguf_matmul_q8", &gguf_matmul_q8);
+}

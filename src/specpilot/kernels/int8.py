@@ -1,0 +1,103 @@
+"""The int8-activation numerics profile: Q8 activation blocks and integer block dot products.
+
+The Python face of the ``specpilot::q8_quantize`` and ``specpilot::gguf_matmul_q8`` ops (the
+contract is in the package docstring, next to the fp32 one): :data:`PROFILES` names the numerics
+profiles, :func:`int8_supports` says which weight types have an int8 kernel (the others keep the
+fp32-activation kernel in this profile), :func:`quantize_rows` gives the Q8 blocks of x, and
+:func:`gguf_matmul_int8` runs the profile's GEMM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from specpilot.kernels import build
+
+PROFILES = ("fp32", "int8")
+"""Numerics profiles of the native kernels: fp32 activations (the default) or int8 (Q8 blocks)."""
+DEFAULT_PROFILE = "fp32"
+INT8_QTYPES = frozenset({2, 3, 6, 8, 12, 14})
+"""GGML type ids with an int8-activation kernel: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K."""
+
+
+def register_fakes() -> None:
+    """Fake (meta) kernels so torch.compile can trace the int8 ops."""
+
+    @torch.library.register_fake("specpilot::gguf_matmul_q8")
+    def _(x, blocks, qtype, n, k, bias=None, isa=0, row_tile=0, col_tile=0):  # type: ignore[no-untyped-def]
+        return x.new_empty((x.shape[0], n))
+
+    @torch.library.register_fake("specpilot::q8_quantize")
+    def _(x):  # type: ignore[no-untyped-def]
+        m, k = x.shape
+        return (
+            x.new_empty((m, k), dtype=torch.int8),
+            x.new_empty((m, k // 32)),
+            x.new_empty((m, k // 32)),
+        )
+
+
+def check_profile(profile: str) -> str:
+    """``profile`` if it names a numerics profile, else ValueError with the choices."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown numerics profile {profile!r}; use one of {', '.join(PROFILES)}")
+    return profile
+
+
+def int8_supports(qtype: int) -> bool:
+    """Whether GGML type ``qtype`` has an int8-activation kernel."""
+    return int(qtype) in INT8_QTYPES
+
+
+_registered = False
+
+
+def _ops() -> Any:
+    """``torch.ops.specpilot``, built and loaded, int8 fakes registered (else RuntimeError)."""
+    global _registered
+    reason = build.load()
+    if reason is not None:
+        raise RuntimeError(reason)
+    if not _registered:
+        register_fakes()
+        _registered = True
+    return torch.ops.specpilot
+
+
+def q8_op() -> Any:
+    """The int8 GEMM op overload (the same signature as ``specpilot::gguf_matmul``)."""
+    return _ops().gguf_matmul_q8.default
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(q int8 (m, k), d (m, k/32), s (m, k/32)) of the rows of x, as the int8 GEMM sees them."""
+    return _ops().q8_quantize(x.reshape(-1, x.shape[-1]).to(torch.float32))
+
+
+def dequantize_q8(q: Tensor, d: Tensor) -> Tensor:
+    """The fp64 values the quantized rows stand for, ``q * d`` per block of 32."""
+    m, k = q.shape
+    return (q.double().reshape(m, k // 32, 32) * d.double().unsqueeze(-1)).reshape(m, k)
+
+
+def gguf_matmul_int8(
+    x: Tensor,
+    blocks: Tensor,
+    qtype: int,
+    n: int,
+    k: int,
+    bias: Tensor | None = None,
+    isa: int = 0,
+    row_tile: int = 0,
+    col_tile: int = 0,
+) -> Tensor:
+    """``y[..., n] = q8(x)[..., k] . W^T (+ bias)`` with W in GGUF blocks, int8 profile;
+    ``isa`` is the op's code (0 auto, 1 portable, 2 avx2: ``linear.isa_code``)."""
+    lead = x.shape[:-1]
+    y = _ops().gguf_matmul_q8(
+        x.reshape(-1, k), blocks, int(qtype), n, k, bias, int(isa), row_tile, col_tile
+    )
+    return y.reshape(*lead, n)
