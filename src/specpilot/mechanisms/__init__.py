@@ -26,6 +26,7 @@ from specpilot.mechanisms.dynamic_tree import DynamicTree
 from specpilot.mechanisms.goodput_budget import GoodputBudget
 from specpilot.mechanisms.gpu_dtype import GpuDtype
 from specpilot.mechanisms.hybrid_drafting import HybridDrafting
+from specpilot.mechanisms.kernel_tiling import KernelTiling
 from specpilot.mechanisms.linear_backend import LinearBackend
 from specpilot.mechanisms.lookup_ngram import LookupNgram
 from specpilot.mechanisms.static_buffers import StaticBuffers
@@ -43,6 +44,7 @@ __all__ = [
     "apply_checked",
     "by_factor",
     "get",
+    "register",
 ]
 
 _CLASSES: tuple[type, ...] = (
@@ -60,6 +62,7 @@ _CLASSES: tuple[type, ...] = (
     Threads,
     AttentionImpl,
     LinearBackend,
+    KernelTiling,
     CompileForward,
     GpuDtype,
     DraftVocab,
@@ -85,6 +88,13 @@ def runtime_order(options: Mapping[str, Any]) -> list[str]:
     """The ids of ``options`` in registry order: the order their ``configure`` hooks run
     (drafter wrappers nest in it: a hybrid fallback inside an adaptive cut)."""
     return [m for m in _REGISTRY if m in options]
+
+
+def register(mech: Mechanism) -> None:
+    """Add ``mech`` to this process's registry (an id already there is replaced): a mechanism
+    from outside the package whose runtime option must reach :func:`specpilot.runtime.build`
+    and its ``configure`` hook, e.g. a test's planted kernel variant in the trial child."""
+    _REGISTRY[mech.id] = mech
 
 
 def get(mech_id: str) -> Mechanism:

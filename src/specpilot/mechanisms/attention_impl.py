@@ -3,8 +3,10 @@
 ``exact`` keeps the KV cache in fp64 and runs attention in fp64 (batch-invariant: a verified row
 gives the bits plain decoding gives; see :mod:`specpilot.model`), ``sdpa`` runs torch's native
 scaled-dot-product attention in the model dtype (faster, half the cache memory, but its result
-may depend on the number of rows verified). This mechanism does not claim sdpa is lossless:
-token forcing on held-back prompts decides whether a plan with it keeps the reference output.
+may depend on the number of rows verified). On CPU sdpa is no candidate: it changes the
+target's numerics outside the contract, and passing forcing on a finite pool would not make it
+lossless on the next prompt (its one-line reason says so where nothing else is left to choose).
+On GPU it stays a choice and token forcing decides, as for every candidate.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from typing import Any
 from specpilot.mechanisms.base import Context, Param
 from specpilot.plan import Plan
 
+CPU_OUTSIDE_CONTRACT = "sdpa"
+"""The attention kind that is no candidate on CPU (see the module docstring)."""
+
 
 class AttentionImpl:
     id = "attention_impl"
@@ -24,9 +29,19 @@ class AttentionImpl:
 
     def space(self, ctx: Context, plan: Plan) -> tuple[Param, ...]:
         now = plan.engine.resolved_attention
-        return (Param("attention", "categorical", now, choices=("exact", "sdpa")),)
+        choices: tuple[str, ...] = ("exact", "sdpa")
+        if not ctx.on_gpu:
+            choices = tuple(c for c in choices if c != CPU_OUTSIDE_CONTRACT)
+            now = now if now in choices else choices[0]
+        return (Param("attention", "categorical", now, choices=choices),)
 
     def applicable(self, ctx: Context, plan: Plan) -> str | None:
+        (p,) = self.space(ctx, plan)
+        if not ctx.on_gpu and p.choices == (plan.engine.resolved_attention,):
+            return (
+                f"on CPU sdpa changes the target's numerics outside the contract (no candidate) "
+                f"and the plan already runs {p.choices[0]}, the only other kind here"
+            )
         return None
 
     def apply(self, plan: Plan, params: Mapping[str, Any]) -> Plan:

@@ -4,7 +4,7 @@ Started by :class:`specpilot.pilot.proc.ChildProcess` as ``python -m specpilot.p
 Before anything else it caps its address space (``RLIMIT_AS``), then reads frames from the
 parent (see :mod:`.proc` for framing):
 
-  setup    {model, plan, steps, modules, max_new_tokens, stop_on_eos, warmup}
+  setup    {model, plan, steps, modules, weights, max_new_tokens, stop_on_eos, warmup}
            -> {op: "ready", plan} after loading the model, applying the mechanisms ``steps`` to
               ``plan`` (inside this process), building it and decoding ``warmup`` once
   generate {ids}            -> {op: "tokens", tokens, steps, accept}
@@ -79,7 +79,10 @@ class _Server:
 
         plan = Plan.from_json(msg["plan"], where="trial plan")
         mechs = all_mechanisms(tuple(msg.get("modules", ())))
-        loaded = load_model(msg["model"], device=plan.engine.device, dtype=plan.engine.torch_dtype)
+        weights = {"weights": msg["weights"]} if msg.get("weights") else {}
+        loaded = load_model(
+            msg["model"], device=plan.engine.device, dtype=plan.engine.torch_dtype, **weights
+        )
         self.loaded = loaded
         steps = [(str(s[0]), dict(s[1])) for s in msg.get("steps", [])]
         plan = apply_steps(plan, steps, mechs, lambda p: context_of(loaded, p, 1))

@@ -100,6 +100,8 @@ class ChildSpec:
     sandbox: str = ""
     """The child's sandbox (:class:`specpilot.pilot.sandbox.SandboxSpec` JSON), applied before
     it imports anything untrusted; empty = none (no agent-written code runs in it)."""
+    weights: str | None = None
+    """``load_model``'s ``weights`` ("fp32" / "native"); None = its default."""
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,7 @@ def _setup_msg(spec: ChildSpec, job: TrialJob) -> dict[str, Any]:
         "plan": dict(spec.plan),
         "steps": [[mid, dict(p)] for mid, p in spec.steps],
         "modules": list(spec.modules),
+        "weights": spec.weights,
         "max_new_tokens": job.max_new_tokens,
         "stop_on_eos": job.stop_on_eos,
         "warmup": list(job.warmup),
