@@ -32,9 +32,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--attention",
         default=None,
-        choices=["auto", "exact", "sdpa"],
-        help="exact = fp64 batch-invariant attention; sdpa = native (default: auto, exact on "
-        "CPU)",
+        choices=["auto", "fixed", "exact", "sdpa"],
+        help="fixed = batch-invariant fp32 kernel; exact = fp64 batch-invariant attention; "
+        "sdpa = native (default: auto, fixed on CPU, exact when the kernels cannot build)",
     )
     g.add_argument(
         "--linear",

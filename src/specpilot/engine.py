@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from specpilot import kernels
 from specpilot.drafters.base import DraftContext, Drafter
 from specpilot.errors import ConfigError, ContextLengthError
 from specpilot.goodput import Selector, calibrate_curve, calibration_shape
@@ -48,7 +49,9 @@ class EngineConfig:
     dtype: str = "float32"
     """float32 (CPU or GPU), bfloat16 / float16 (GPU)."""
     attention: str = "auto"
-    """"exact" (fp64 attention, batch-invariant: CPU default), "sdpa" (native dtype), "auto"."""
+    """"fixed" (batch-invariant fp32 kernel, specpilot.kernels: the CPU default when the kernels
+    build), "exact" (fp64 attention, batch-invariant: the CPU fallback), "sdpa" (native dtype),
+    "auto"."""
     linear: str = "onednn"
     """"onednn" (prepacked, batch-invariant CPU fp32 GEMMs) or "torch"."""
     threads: int | None = None
@@ -71,7 +74,14 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.attention not in (*ATTENTION_KINDS, "auto"):
-            raise ConfigError(f"attention must be auto, exact or sdpa, got {self.attention!r}")
+            raise ConfigError(
+                f"attention must be auto, fixed, exact or sdpa, got {self.attention!r}"
+            )
+        if self.attention == "fixed":
+            if self.device != "cpu" or self.dtype != "float32":
+                raise ConfigError("attention fixed runs on CPU float32; use exact or sdpa")
+            if not kernels.available():
+                raise ConfigError(f"attention fixed: {kernels.unavailable_reason()}; use exact")
         if self.linear not in LINEAR_KINDS:
             raise ConfigError(f"linear must be one of {LINEAR_KINDS}, got {self.linear!r}")
         if self.threads is not None and self.threads <= 0:
@@ -96,7 +106,9 @@ class EngineConfig:
     def resolved_attention(self) -> str:
         if self.attention != "auto":
             return self.attention
-        return "exact" if self.device == "cpu" else "sdpa"
+        if self.device != "cpu":
+            return "sdpa"
+        return "fixed" if kernels.available() else "exact"
 
 
 @dataclass(frozen=True)

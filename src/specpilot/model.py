@@ -8,9 +8,11 @@ Numerics. Speculative decoding is lossless only if a verified row computes exact
 decoding would; stock CPU kernels do not guarantee it (a GEMM row's bits depend on the rows in
 the call, attention reductions on the key count). On CPU fp32 every row is made independent of
 its batch by ``linear="onednn"`` (:mod:`specpilot.kernels.onednn`), or by the native GGUF kernels
-and their fixed reduction order (:mod:`specpilot.kernels`), and ``attention="exact"`` (fp64
-cache and attention: rounded back to fp32 the result no longer depends on the summation order;
-masked keys add exact zeros).
+and their fixed reduction order (:mod:`specpilot.kernels`), and by ``attention="fixed"`` (the
+fp32 attention kernel of the same package: one fixed order per row, whatever the rows in the
+call; the CPU default) or ``attention="exact"`` (fp64 cache and attention: rounded back to fp32
+the result no longer depends on the summation order; masked keys add exact zeros; the fallback
+without the kernels).
 
 GPU paths (bf16/fp16) use the stock kernels; there token forcing still checks every output and
 reports the logit margin where a near-tie flips.
@@ -21,17 +23,21 @@ Profiling: every kernel class runs in its named range (:mod:`specpilot.profiling
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specpilot import kernels
 from specpilot.config import ModelConfig, rope_inv_freq, window_mask
+from specpilot.kernels.attention import ops as attention_ops
+from specpilot.kernels.linear import isa_code
 from specpilot.kernels.onednn import PackedLinear, onednn_available
 from specpilot.kvcache import KVCache
 from specpilot.profiling import kernel_range
 
-ATTENTION_KINDS = ("exact", "sdpa")
+ATTENTION_KINDS = ("exact", "fixed", "sdpa")
 LINEAR_KINDS = ("onednn", "torch")
 
 class RMSNorm(nn.Module):
@@ -92,6 +98,8 @@ class Attention(nn.Module):
         self.qkv: PackedLinear | None = None
         self.cache: KVCache | None = None
         self.exact = False
+        self.fixed: tuple[Any, float, int] | None = None
+        """attention="fixed": (the specpilot::attention op, the fp32 scale, the ISA code)."""
 
     def forward(
         self,
@@ -133,7 +141,10 @@ class Attention(nn.Module):
             keys = self.cache.k[r, :, :kv_len]
             vals = self.cache.v[r, :, :kv_len]
             m = None if mask is None else mask.unsqueeze(1)  # (B, 1, T, kv_len)
-            if self.exact:
+            if self.fixed is not None:  # batch-invariant fp32 kernel (specpilot.kernels)
+                op, scale, isa = self.fixed
+                o = op(q, keys, vals, kv_len, mask, scale, isa)  # (B, H, T, hd)
+            elif self.exact:
                 o = F.scaled_dot_product_attention(
                     q.double(), keys, vals, attn_mask=m, enable_gqa=True, scale=self.scale
                 ).to(x.dtype)
@@ -278,15 +289,27 @@ class Transformer(nn.Module):
             return
         cfg = self.cfg
         exact = self.attention == "exact"
+        fixed = self._fixed_attention() if self.attention == "fixed" else None
         cache_dtype = torch.float64 if exact else self.dtype
         for layer in self.model.layers:
             layer.self_attn.cache = KVCache(
                 batch, cfg.n_kv_heads, max_len, cfg.head_dim, cache_dtype, self.device
             )
             layer.self_attn.exact = exact
+            att = layer.self_attn
+            att.fixed = None if fixed is None else (fixed[0], att.scale or fixed[1], fixed[2])
         self._cos, self._sin = self._rope_tables(max_len, local=False)
         self._local = self._rope_tables(max_len, local=True) if any(self._sliding) else None
         self.max_len, self.batch = max_len, batch
+
+    def _fixed_attention(self) -> tuple[Any, float, int]:
+        """(op, default scale, ISA code) of ``attention="fixed"``: CPU fp32 and the kernels."""
+        if self.device.type != "cpu" or self.dtype != torch.float32:
+            raise ValueError("attention='fixed' runs on CPU float32 only")
+        reason = kernels.unavailable_reason()
+        if reason is not None:
+            raise ValueError(f"attention='fixed' needs the native kernels: {reason}")
+        return attention_ops().attention.default, self.cfg.head_dim**-0.5, isa_code()
 
     def _rope_tables(self, max_len: int, local: bool) -> tuple[Tensor, Tensor]:
         inv_freq, scale = rope_inv_freq(self.cfg, local)

@@ -34,6 +34,8 @@ def ops() -> Any:
     """``torch.ops.specpilot`` with the attention ops' fake kernels registered (else
     RuntimeError with the one-line reason the kernels are unavailable)."""
     global _registered
+    if _registered:  # loaded before: no lock to take (torch.compile traces through this)
+        return torch.ops.specpilot
     reason = build.load()
     if reason is not None:
         raise RuntimeError(reason)

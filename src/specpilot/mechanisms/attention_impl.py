@@ -1,12 +1,14 @@
 """Mechanism ``attention_impl`` (kernel): which attention kernel verifies the tree.
 
-``exact`` keeps the KV cache in fp64 and runs attention in fp64 (batch-invariant: a verified row
-gives the bits plain decoding gives; see :mod:`specpilot.model`), ``sdpa`` runs torch's native
-scaled-dot-product attention in the model dtype (faster, half the cache memory, but its result
-may depend on the number of rows verified). On CPU sdpa is no candidate: it changes the
-target's numerics outside the contract, and passing forcing on a finite pool would not make it
-lossless on the next prompt (its one-line reason says so where nothing else is left to choose).
-On GPU it stays a choice and token forcing decides, as for every candidate.
+``fixed`` runs the batch-invariant fp32 kernel (:func:`specpilot.kernels.fixed_attention`,
+fixed order by contract; the CPU default when the kernels build), ``exact`` keeps the KV cache in
+fp64 and runs attention in fp64 (batch-invariant: a verified row gives the bits plain decoding
+gives; see :mod:`specpilot.model`), ``sdpa`` runs torch's native scaled-dot-product attention in
+the model dtype (faster, half the cache memory, but its result may depend on the number of rows
+verified). On CPU sdpa is no candidate: it changes the target's numerics outside the contract,
+and passing forcing on a finite pool would not make it lossless on the next prompt (its one-line
+reason says so where nothing else is left to choose). On GPU it stays a choice and token forcing
+decides, as for every candidate.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from specpilot import kernels
 from specpilot.mechanisms.base import Context, Param
 from specpilot.plan import Plan
 
@@ -25,11 +28,16 @@ CPU_OUTSIDE_CONTRACT = "sdpa"
 class AttentionImpl:
     id = "attention_impl"
     factor = "kernel"
-    description = "attention: exact (fp64, batch-invariant) or sdpa (native; forcing decides)"
+    description = (
+        "attention: fixed (fp32 kernel, batch-invariant), exact (fp64, batch-invariant) or sdpa "
+        "(native, GPU only; forcing decides)"
+    )
 
     def space(self, ctx: Context, plan: Plan) -> tuple[Param, ...]:
-        now = plan.engine.resolved_attention
-        choices: tuple[str, ...] = ("exact", "sdpa")
+        e = plan.engine
+        now = e.resolved_attention
+        cpu32 = e.device == "cpu" and e.dtype == "float32"
+        choices = ("fixed", "exact", "sdpa") if cpu32 and kernels.available() else ("exact", "sdpa")
         if not ctx.on_gpu:
             choices = tuple(c for c in choices if c != CPU_OUTSIDE_CONTRACT)
             now = now if now in choices else choices[0]
