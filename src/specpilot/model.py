@@ -31,31 +31,16 @@ from torch import Tensor, nn
 
 from specpilot import kernels
 from specpilot.config import ModelConfig, rope_inv_freq, window_mask
+from specpilot.kernels import rowops
 from specpilot.kernels.attention import ops as attention_ops
 from specpilot.kernels.linear import isa_code
 from specpilot.kernels.onednn import PackedLinear, onednn_available
+from specpilot.kernels.rowops import MLP, RMSNorm, qkv_stage
 from specpilot.kvcache import KVCache
 from specpilot.profiling import kernel_range
 
 ATTENTION_KINDS = ("exact", "fixed", "sdpa")
 LINEAR_KINDS = ("onednn", "torch")
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
-        super().__init__()
-        self.eps = eps
-        self.offset = offset  # Gemma: the scale is 1 + weight, in fp32
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        w = 1.0 + self.weight.float() if self.offset else self.weight
-        if dtype == torch.float32:  # one fused op, bitwise equal to the formula below in fp32
-            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * w).to(dtype) if self.offset else self.weight * h.to(dtype)
-
 
 @dataclass(frozen=True)
 class Packing:
@@ -84,6 +69,8 @@ class Packing:
 
 
 class Attention(nn.Module):
+    ROWOP = "rope_qk"
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -96,6 +83,7 @@ class Attention(nn.Module):
         qs = cfg.query_pre_attn_scalar
         self.scale = qs**-0.5 if qs else None  # None: SDPA's 1/sqrt(head_dim)
         self.qkv: PackedLinear | None = None
+        self.rowop: tuple[Any, int] | None = None  # q/k norms + RoPE in one op (rowops.wire)
         self.cache: KVCache | None = None
         self.exact = False
         self.fixed: tuple[Any, float, int] | None = None
@@ -115,19 +103,9 @@ class Attention(nn.Module):
         # x: (B, T, dim), or (1, R, dim) packed rows; cos/sin: (B, T, 1, head_dim) (packed
         # likewise); mask: (B, T, kv_len) bool or None, always in the padded layout
         b, t, _ = x.shape
-        h, hk, hd = self.n_heads, self.n_kv, self.head_dim
+        h = self.n_heads
         with kernel_range("qkv"):
-            if self.qkv is not None:  # fused projection (after prepack)
-                qkv = self.qkv(x)  # (B, T, (H + 2 Hk) hd)
-                qk = qkv[..., : (h + hk) * hd].view(b, t, h + hk, hd)
-                v = qkv[..., (h + hk) * hd :].view(b, t, hk, hd)
-            else:
-                q = self.q_proj(x).view(b, t, h, hd)
-                qk = torch.cat([q, self.k_proj(x).view(b, t, hk, hd)], dim=2)  # (B, T, H + Hk, hd)
-                v = self.v_proj(x).view(b, t, hk, hd)
-            if self.q_norm is not None:
-                qk = torch.cat([self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])], dim=2)
-            qk = (qk * cos) + (rotate_half(qk) * sin)  # RoPE on q and k at once
+            qk, v = qkv_stage(self, x, cos, sin)  # (B, T, H + Hk, hd) normed + rotated, v
         if pack is not None:  # linears ran on the real rows; attention on the padded layout
             qk, v = pack.unpack(qk), pack.unpack(v)
             b, t = pack.batch, pack.width
@@ -159,36 +137,6 @@ class Attention(nn.Module):
             return self.o_proj(o)
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.dim, bias=False)
-        self.act = gelu_tanh if cfg.gemma else F.silu  # GeGLU (Gemma) or SwiGLU
-        self.gate_up: PackedLinear | None = None
-
-    def forward(self, x: Tensor) -> Tensor:
-        with kernel_range("gate_up"):
-            if self.gate_up is not None:  # fused projection (after prepack)
-                gu = self.gate_up(x)
-                i = gu.shape[-1] // 2
-                act = self.act(gu[..., :i]) * gu[..., i:]
-            else:
-                act = self.act(self.gate_proj(x)) * self.up_proj(x)
-        with kernel_range("down"):
-            return self.down_proj(act)
-
-
-def gelu_tanh(x: Tensor) -> Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
 class Block(nn.Module):
     """Pre-norm block; Gemma adds a norm after attention and after the MLP (four in all)."""
 
@@ -202,6 +150,8 @@ class Block(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(cfg.dim, cfg.rms_eps, True)
             self.post_feedforward_layernorm = RMSNorm(cfg.dim, cfg.rms_eps, True)
         self.mlp = MLP(cfg)
+        self.ROWOP = None if cfg.gemma else "add_rms_norm"  # residual add + the next norm
+        self.rowop: tuple[Any, int] | None = None
 
     def forward(
         self,
@@ -225,6 +175,12 @@ class Block(nn.Module):
             a = self.mlp(a)
             with kernel_range("down"):
                 return h + self.post_feedforward_layernorm(a)
+        if self.rowop is not None:  # the residual add and the next norm: one row op
+            o = self.self_attn(a, cos, sin, slots, kv_len, mask, rows, pack)
+            norm = self.post_attention_layernorm
+            with kernel_range("gate_up"):
+                h, a = self.rowop[0](o, x, norm.weight, norm.eps, False, self.rowop[1])
+            return h + self.mlp(a)
         h = x + self.self_attn(a, cos, sin, slots, kv_len, mask, rows, pack)
         with kernel_range("gate_up"):
             a = self.post_attention_layernorm(h)
@@ -262,8 +218,10 @@ class Transformer(nn.Module):
         self._full_head: Tensor | None = None
         self.compiled: tuple[str, bool] | None = None
         """(scope, dynamic) of :meth:`compile_forward`, None when not compiled."""
-        self.native = False
-        """Projections run on GGUF blocks (specpilot.loading.native); prepack leaves them."""
+        self._native = False
+        self.rowops = False
+        """Norms, RoPE, residual + norm and the gated activation run as the C++ row ops
+        (:mod:`specpilot.kernels.rowops`); on with native weights, see :meth:`set_rowops`."""
 
     def tie_weights(self) -> None:
         if self.cfg.tie_embeddings:
@@ -344,6 +302,27 @@ class Transformer(nn.Module):
             del mlp.gate_proj, mlp.up_proj
         self._head_plain = self.lm_head.weight
         self.lm_head = PackedLinear(self.lm_head.weight, None)
+
+    @property
+    def native(self) -> bool:
+        """Projections run on GGUF blocks (specpilot.loading.native); prepack leaves them.
+        Setting it also turns the row ops on or off (:meth:`set_rowops`)."""
+        return self._native
+
+    @native.setter
+    def native(self, on: bool) -> None:
+        self._native = bool(on)
+        self.set_rowops(self._native)
+
+    def set_rowops(self, on: bool) -> bool:
+        """Run the norms, RoPE (with q/k norms), residual add + norm and the gated activation as
+        the C++ row ops under their fixed order (on) or as the torch formulas (off). On needs CPU
+        float32 and built kernels; returns whether they are on. The fp32 weights keep the torch
+        formulas by default (their Hugging Face parity); native weights turn the ops on."""
+        on = bool(on) and self.device.type == "cpu" and self.dtype == torch.float32
+        self.rowops = on and rowops.available()
+        rowops.wire(self.modules(), self.rowops)
+        return self.rowops
 
     @property
     def prepacked(self) -> bool:

@@ -27,11 +27,17 @@ import torch
 CSRC = Path(__file__).parent / "csrc"
 COMMON_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-ffp-contract=off")
 AVX2_FLAGS = ("-mavx2", "-mfma", "-mf16c")
-PORTABLE_UNITS = ("gemm_scalar.cpp", "gemm_q8_scalar.cpp", "attention_scalar.cpp")
+PORTABLE_UNITS = ("gemm_scalar.cpp", "gemm_q8_scalar.cpp", "attention_scalar.cpp",
+    "rowops_scalar.cpp",
+)
 """Kernels compiled for any CPU."""
-AVX2_UNITS = ("gemm_avx2.cpp", "gemm_q8_avx2.cpp", "attention_avx2.cpp")
+AVX2_UNITS = ("gemm_avx2.cpp", "gemm_q8_avx2.cpp", "attention_avx2.cpp",
+    "rowops_avx2.cpp",
+)
 """Kernels compiled with AVX2_FLAGS (x86 only), called after a run-time CPU check."""
-OP_UNITS = ("ops.cpp", "ops_q8.cpp", "attention_ops.cpp")
+OP_UNITS = ("ops.cpp", "ops_q8.cpp", "attention_ops.cpp",
+    "rowops_ops.cpp",
+)
 """Torch op registrations (compiled by cpp_extension with torch's headers)."""
 BUILD_VERSION = 2
 """Bump to force a rebuild when the build itself changes."""

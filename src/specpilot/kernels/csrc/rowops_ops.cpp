@@ -1,0 +1,189 @@
+// Torch custom ops of the row-wise ops (library `specpilot`, a fragment): checks, threads, ISA.
+//
+// Threads split the rows (at::parallel_for); a row is always computed whole by one thread, in
+// the order of rowops.h, so neither the row count nor the thread count changes a row's bits.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "rowops.h"
+
+#if defined(SP_NO_AVX2)
+#define SP_AVX2_FN(f) nullptr
+#else
+#define SP_AVX2_FN(f) &f
+#endif
+
+namespace {
+
+bool row_avx2() {
+#if defined(SP_NO_AVX2)
+  return false;
+#elif defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+bool pick_avx2(int64_t isa) {
+  TORCH_CHECK(isa >= 0 && isa <= 2, "specpilot: isa must be 0 (auto), 1 (portable) or 2 (avx2)");
+  const bool avx2 = isa == 2 || (isa == 0 && row_avx2());
+  TORCH_CHECK(!avx2 || row_avx2(), "specpilot: the AVX2 path is not available here");
+  return avx2;
+}
+
+// Rows of `n` elements each thread takes at least (small calls stay on one thread).
+int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n)); }
+
+// A float32 CPU tensor viewed as rows of its last dimension (any leading shape, unit inner
+// stride, rows at one stride); a copy only when it is not already like that.
+at::Tensor as_rows(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() >= 1,
+              "specpilot: ", what, " must be a CPU float32 tensor");
+  at::Tensor r = t.reshape({-1, t.size(-1)});
+  if (r.stride(1) != 1 || (r.size(0) > 1 && r.stride(0) < r.size(1))) r = r.contiguous();
+  return r;
+}
+
+at::Tensor check_weight(const at::Tensor& w, int64_t n, const char* what) {
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.numel() == n,
+              "specpilot: ", what, " must be a CPU float32 tensor of ", n, " elements");
+  return w.contiguous();
+}
+
+template <typename Args>
+struct RowFn {
+  using type = void (*)(const Args*, int64_t, int64_t);
+};
+
+// Rows [0, rows) of `width` elements each, split over threads, on the chosen ISA path.
+template <typename Args>
+void run_rows(typename RowFn<Args>::type scalar, typename RowFn<Args>::type avx2, const Args& a,
+              int64_t rows, int64_t width, int64_t isa) {
+  const bool use_avx2 = pick_avx2(isa);
+  at::parallel_for(0, rows, row_grain(width), [&](int64_t r0, int64_t r1) {
+    if (use_avx2 && avx2 != nullptr) return avx2(&a, r0, r1);
+    scalar(&a, r0, r1);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> norm_impl(const at::Tensor& x_in,
+                                             const c10::optional<at::Tensor>& res_in,
+                                             const at::Tensor& w_in, double eps, bool offset,
+                                             int64_t isa) {
+  const at::Tensor x = as_rows(x_in, "x");
+  const int64_t rows = x.size(0), n = x.size(1);
+  const at::Tensor w = check_weight(w_in, n, "the norm weight");
+  at::Tensor y = at::empty(x_in.sizes(), x.options());
+  at::Tensor h, res;
+  SpNormArgs a{x.data_ptr<float>(), x.stride(0), nullptr, 0, nullptr, w.data_ptr<float>(),
+               y.data_ptr<float>(), n, static_cast<float>(eps), offset ? 1 : 0};
+  if (res_in.has_value()) {
+    TORCH_CHECK(res_in->sizes() == x_in.sizes(), "specpilot: residual shape ", res_in->sizes(),
+                " does not match x ", x_in.sizes());
+    res = as_rows(*res_in, "the residual");
+    h = at::empty_like(y);
+    a.res = res.data_ptr<float>();
+    a.res_stride = res.stride(0);
+    a.h = h.data_ptr<float>();
+  }
+  if (rows > 0) run_rows(&sp_norm_scalar, SP_AVX2_FN(sp_norm_avx2), a, rows, n, isa);
+  return {h, y};
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool offset,
+                    int64_t isa) {
+  return std::get<1>(norm_impl(x, c10::nullopt, w, eps, offset, isa));
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& w, double eps, bool offset,
+                                                int64_t isa) {
+  return norm_impl(x, residual, w, eps, offset, isa);
+}
+
+at::Tensor rope_qk(const at::Tensor& q_in, const at::Tensor& k_in, int64_t k_offset,
+                   const at::Tensor& cos_in, const at::Tensor& sin_in, int64_t n_q, int64_t n_k,
+                   int64_t hd, const c10::optional<at::Tensor>& q_w_in,
+                   const c10::optional<at::Tensor>& k_w_in, double eps, bool offset,
+                   int64_t isa) {
+  TORCH_CHECK(hd > 0 && hd % 2 == 0 && hd <= 1024, "specpilot: head_dim must be even, <= 1024");
+  const at::Tensor q = as_rows(q_in, "q");
+  const at::Tensor k = as_rows(k_in, "k");
+  const int64_t rows = q.size(0);
+  TORCH_CHECK(k.size(0) == rows, "specpilot: q and k must have the same number of rows");
+  TORCH_CHECK(q.size(1) >= n_q * hd && k_offset >= 0 && k.size(1) >= k_offset + n_k * hd,
+              "specpilot: rows too short for ", n_q, " q and ", n_k, " k heads of ", hd);
+  const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
+                  cos.numel() == rows * hd && sin.numel() == rows * hd,
+              "specpilot: cos and sin must be float32 with ", rows, " x ", hd, " elements");
+  at::Tensor qw, kw;
+  if (q_w_in.has_value()) qw = check_weight(*q_w_in, hd, "the q norm weight");
+  if (k_w_in.has_value()) kw = check_weight(*k_w_in, hd, "the k norm weight");
+  at::Tensor y = at::empty({rows, n_q + n_k, hd}, q.options());
+  const SpRopeArgs a{q.data_ptr<float>(), q.stride(0), k.data_ptr<float>() + k_offset,
+                     k.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                     qw.defined() ? qw.data_ptr<float>() : nullptr,
+                     kw.defined() ? kw.data_ptr<float>() : nullptr, static_cast<float>(eps),
+                     offset ? 1 : 0, n_q, n_k, hd, y.data_ptr<float>()};
+  const int64_t width = (n_q + n_k) * hd;
+  if (rows > 0) run_rows(&sp_rope_scalar, SP_AVX2_FN(sp_rope_avx2), a, rows, width, isa);
+  return y;
+}
+
+at::Tensor glu(const at::Tensor& gate_in, const c10::optional<at::Tensor>& up_in, int64_t kind,
+               int64_t isa) {
+  TORCH_CHECK(kind == sp_row::kSilu || kind == sp_row::kGeluTanh,
+              "specpilot: glu kind must be 0 (SiLU) or 1 (GELU-tanh)");
+  const at::Tensor g = as_rows(gate_in, "gate");
+  const int64_t rows = g.size(0);
+  int64_t n = g.size(1);
+  const float* up = nullptr;
+  int64_t up_stride = 0;
+  at::Tensor u;
+  if (up_in.has_value()) {
+    TORCH_CHECK(up_in->sizes() == gate_in.sizes(), "specpilot: up shape ", up_in->sizes(),
+                " does not match gate ", gate_in.sizes());
+    u = as_rows(*up_in, "up");
+    up = u.data_ptr<float>();
+    up_stride = u.stride(0);
+  } else {
+    TORCH_CHECK(n % 2 == 0, "specpilot: a fused gate_up row must have an even length");
+    n /= 2;
+    up = g.data_ptr<float>() + n;
+    up_stride = g.stride(0);
+  }
+  std::vector<int64_t> shape(gate_in.sizes().begin(), gate_in.sizes().end());
+  shape.back() = n;
+  at::Tensor y = at::empty(shape, g.options());
+  const SpGluArgs a{g.data_ptr<float>(), g.stride(0), up, up_stride, y.data_ptr<float>(), n,
+                    static_cast<int>(kind)};
+  if (rows > 0) run_rows(&sp_glu_scalar, SP_AVX2_FN(sp_glu_avx2), a, rows, n, isa);
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(specpilot, m) {
+  m.def("rms_norm(Tensor x, Tensor w, float eps, bool offset=False, int isa=0) -> Tensor");
+  m.def(
+      "add_rms_norm(Tensor x, Tensor residual, Tensor w, float eps, bool offset=False, "
+      "int isa=0) -> (Tensor, Tensor)");
+  m.def(
+      "rope_qk(Tensor q, Tensor k, int k_offset, Tensor cos, Tensor sin, int n_q, int n_k, "
+      "int head_dim, Tensor? q_norm=None, Tensor? k_norm=None, float eps=1e-6, "
+      "bool offset=False, int isa=0) -> Tensor");
+  m.def("glu(Tensor gate, Tensor? up=None, int kind=0, int isa=0) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specpilot, CPU, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("rope_qk", &rope_qk);
+  m.impl("glu", &glu);
+}
