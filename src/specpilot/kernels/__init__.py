@@ -42,6 +42,30 @@ Threads split the rows (b, h, t), never the keys of a row, so the bits do not de
 number of query rows, a row's position among them, the batch, the thread count or the ISA.
 Tests: tests/test_attention_kernel.py.
 
+Row-op contract (:mod:`specpilot.kernels.rowops`: ``rms_norm``, ``add_rms_norm``, ``rope_qk``,
+``glu``; fp32). Each output row is computed from its own input row (and the op's weights, its
+row of the cos/sin tables) only, in this order:
+
+1. RMSNorm of a row x of n elements: the sum of squares in the GEMM contract's order (8 lanes,
+   element k to lane ``k % 8`` by ``fma(x[k], x[k], lane)`` in increasing k, the same pairwise
+   reduction), ``r = 1 / sqrt(sum / n + eps)`` (fp32 division, IEEE sqrt, division), then
+   ``y[k] = (x[k] * r) * w[k]``, with ``w[k]`` replaced by ``1 + w[k]`` (Gemma's offset).
+   ``add_rms_norm`` first forms ``h = x + residual`` (one fp32 add), returns h and RMSNorm(h).
+2. RoPE (rotate-half layout, h = hd / 2), per q or k head s, after the head's RMSNorm when q/k
+   norms are given: ``y[j] = s[j]*cos[j] - s[j+h]*sin[j]``, ``y[j+h] = s[j+h]*cos[j+h] +
+   s[j]*sin[j]`` (two rounded products, then one add): bit-identical to the torch formula
+   ``qk*cos + rotate_half(qk)*sin``.
+3. Gated products: ``y = (g / (1 + exp_c(-z))) * u`` with ``z = g`` (SiLU) or ``z = g * ((g *
+   g) * B + A)`` (GELU-tanh as a sigmoid, A = 2 sqrt(2/pi), B = 0.044715 A). ``exp_c``: clamp
+   to [-87, 88], ``n = nearbyint(x * log2 e)``, ``r = fma(-n, ln2_hi, x)``, ``r = fma(-n,
+   ln2_lo, r)``, the degree-7 Taylor polynomial by Horner with fma, times ``2^n`` from exponent
+   bits (csrc/rowops.h; the AVX2 path does the same operations lane by lane).
+
+Threads split the rows, never a row, so the bits do not depend on the number of rows, a row's
+position, the thread count or the ISA. The model runs these ops with native weights
+(``Transformer.set_rowops``); the fp32 weights keep the torch formulas (their Hugging Face
+parity). Tests: tests/test_rowops.py.
+
 Block types run in place: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, F32, F16, BF16
 (:func:`supports`); others are to be dequantized by the caller. The C++ sources (``csrc/``)
 build on first use (:mod:`specpilot.kernels.build`); without a compiler :func:`available` is
