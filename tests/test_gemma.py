@@ -340,7 +340,7 @@ def gguf_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
 
 def test_gguf_loads_as_the_hf_model(gguf_pair: tuple[Any, Path], tmp_path: Path) -> None:
     hf, path = gguf_pair
-    lm = load_model(str(path), cache_dir=tmp_path / "cache")
+    lm = load_model(str(path), cache_dir=tmp_path / "cache", weights="fp32")
     # GGUF stores the epsilon as fp32
     assert dataclasses.replace(lm.cfg, rms_eps=1e-6) == ModelConfig.from_hf(hf.config.to_dict())
     assert lm.cfg.layer_types == ("sliding_attention",) * 5 + ("full_attention",)
@@ -350,7 +350,7 @@ def test_gguf_loads_as_the_hf_model(gguf_pair: tuple[Any, Path], tmp_path: Path)
     ids = prompt(seed=3, n=SEQ)
     lm.model.setup_cache(SEQ)
     torch.testing.assert_close(our_logits(lm.model, ids), hf_logits(hf, ids), rtol=0, atol=2e-5)
-    again = load_model(str(path), cache_dir=tmp_path / "cache")  # the converted directory
+    again = load_model(str(path), cache_dir=tmp_path / "cache", weights="fp32")  # converted
     assert again.fingerprint == lm.fingerprint and again.tokenizer.add_bos
     assert torch.equal(again.model.model.norm.weight, lm.model.model.norm.weight)
 
@@ -360,7 +360,7 @@ def test_gguf_weights_match_transformers_gguf_loader(gguf_pair: tuple[Any, Path]
     ref = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
     )
-    ours = load_model(str(path), cache_dir=path.parent / "cache").model.state_dict()
+    ours = load_model(str(path), cache_dir=path.parent / "cache", weights="fp32").model.state_dict()
     theirs = ref.state_dict()
     for k, v in ours.items():
         assert torch.equal(v, theirs[k]), k

@@ -318,7 +318,7 @@ def test_native_load_runs_the_file_blocks(native_gguf) -> None:  # type: ignore[
     from specpilot.loading import load_model
 
     path, cache_dir = native_gguf
-    fp32 = load_model(str(path), cache_dir=cache_dir)
+    fp32 = load_model(str(path), cache_dir=cache_dir, weights="fp32")
     nat = load_model(str(path), cache_dir=cache_dir, weights="native")
     m = nat.model
     assert m.native and not fp32.model.native

@@ -208,7 +208,7 @@ def test_gguf_load_equals_source(tmp_path: Path, variant: str) -> None:
     src = make_model(variant)
     path = tmp_path / "tiny.gguf"
     write_gguf(path, src)
-    lm = load_model(str(path), cache_dir=tmp_path / "cache")
+    lm = load_model(str(path), cache_dir=tmp_path / "cache", weights="fp32")
     assert lm.cfg == dataclasses.replace(src.cfg, bos_token_id=1, eos_token_ids=(2,))
     assert lm.source == str(path.resolve())
     assert_same_model(src, lm.model)
@@ -237,7 +237,7 @@ def test_gguf_quantized_tensors_dequantize(tmp_path: Path) -> None:
     }
     path = tmp_path / "q.gguf"
     expected = write_gguf(path, src, quant=quant)
-    state = load_model(str(path), cache_dir=tmp_path / "c").model.state_dict()
+    state = load_model(str(path), cache_dir=tmp_path / "c", weights="fp32").model.state_dict()
     for name, want in expected.items():
         assert torch.equal(state[name], torch.from_numpy(np.asarray(want))), name
     down0 = state["model.layers.0.mlp.down_proj.weight"]
@@ -264,7 +264,7 @@ def test_cache_is_written_once_and_reused(tmp_path: Path, monkeypatch: pytest.Mo
     path = tmp_path / "tiny.gguf"
     write_gguf(path, src)
     root = tmp_path / "cache"
-    first = load_model(str(path), cache_dir=root)
+    first = load_model(str(path), cache_dir=root, weights="fp32")
     entry = cache.cache_entry(path, root)
     assert sorted(p.name for p in entry.iterdir()) == [
         "config.json",
@@ -279,7 +279,7 @@ def test_cache_is_written_once_and_reused(tmp_path: Path, monkeypatch: pytest.Mo
         raise AssertionError("GGUF reader called on a cached load")
 
     monkeypatch.setattr(gguf_file, "GGUFReader", no_gguf)
-    second = load_model(str(path), cache_dir=root)
+    second = load_model(str(path), cache_dir=root, weights="fp32")
     assert_same_model(first.model, second.model)
     assert second.fingerprint == first.fingerprint
     assert second.tokenizer.eos_ids == first.tokenizer.eos_ids
@@ -306,7 +306,7 @@ def test_unwritable_cache_still_loads(tmp_path: Path, monkeypatch: pytest.Monkey
         raise PermissionError(13, "read-only", str(entry))
 
     monkeypatch.setattr(cache, "write_atomic", fail)
-    lm = load_model(str(path), cache_dir=tmp_path / "ro")
+    lm = load_model(str(path), cache_dir=tmp_path / "ro", weights="fp32")
     assert_same_model(src, lm.model)
 
 
@@ -476,7 +476,7 @@ def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_cache: Path) -> LoadedModel:
-    return load_model("smollm2-135m", cache_dir=smollm2_cache)
+    return load_model("smollm2-135m", cache_dir=smollm2_cache, weights="fp32")
 
 
 @pytest.mark.slow
@@ -535,7 +535,7 @@ def test_smollm2_cached_load_is_fast(smollm2: LoadedModel, smollm2_cache: Path) 
         cache.cache_entry(Path(smollm2.source), smollm2_cache), ("config.json", "model.safetensors")
     )
     t0 = time.perf_counter()
-    again = load_model("smollm2-135m", cache_dir=smollm2_cache)
+    again = load_model("smollm2-135m", cache_dir=smollm2_cache, weights="fp32")
     assert time.perf_counter() - t0 < 5.0
     assert again.fingerprint == smollm2.fingerprint
     cfg: ModelConfig = again.cfg

@@ -73,6 +73,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument(
+        "--weights",
+        default="auto",
+        choices=["auto", "fp32", "native"],
+        help="the target's GGUF weights, as for generate (default: %(default)s); the drafter "
+        "learns the features of the weights it will be run with",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return p
 
@@ -91,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
         if args.threads <= 0:
             raise ConfigError("--threads must be positive")
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.target, device=args.device)
+    loaded = load_model(args.target, device=args.device, weights=args.weights)
+    for note in loaded.notes:
+        print(f"specpilot: note: {note}", file=sys.stderr)
     check_taps(cfg.taps, loaded.model.cfg.n_layers)
     console = progress_console()
     command = "specpilot " + " ".join(shlex.quote(a) for a in sys.argv[1:])

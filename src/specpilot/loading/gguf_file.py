@@ -370,20 +370,55 @@ def _parse_failure(path: Path, err: Exception) -> str:
     return f"corrupt or unreadable GGUF file {path}: {err}"
 
 
-def read_gguf(path: Path) -> GGUFContents:
-    """Parse, dequantize and convert a GGUF file. ModelLoadError names the file on any defect."""
+def read_header(path: Path) -> tuple[list[Any], ModelConfig, Tokenizer, str]:
+    """A GGUF file's reader tensors (memory-mapped, nothing read yet), config, tokenizer and
+    architecture. ModelLoadError names the file on any defect (a truncated tensor by name)."""
     try:
         reader = GGUFReader(path, "r")
         meta = read_metadata(reader)
         tensors = list(reader.tensors)
     except _PARSE_ERRORS as e:
         raise ModelLoadError(_parse_failure(path, e)) from None
-    shapes = {t.name: tuple(int(s) for s in reversed(t.shape.tolist())) for t in tensors}
-    cfg = config_from_gguf(meta, shapes, path)
+    cfg = config_from_gguf(meta, tensor_shapes(tensors), path)
     arch = meta["general.architecture"]
     gemma = arch == gemma_gguf.ARCH
     tokenizer = (gemma_gguf.tokenizer_from_gguf if gemma else tokenizer_from_gguf)(meta, path)
-    permute = arch == "llama"
+    return tensors, cfg, tokenizer, arch
+
+
+def tensor_shapes(tensors: list[Any]) -> dict[str, tuple[int, ...]]:
+    """GGUF name -> shape in our (row-major, Hugging Face) order."""
+    return {t.name: tuple(int(s) for s in reversed(t.shape.tolist())) for t in tensors}
+
+
+def fp32_tensor(t: Any, shape: tuple[int, ...], cfg: ModelConfig, arch: str, path: Path) -> Tensor:
+    """Reader tensor ``t`` dequantized to fp32 as our model holds it (Gemma norms shifted by -1,
+    Llama Q/K rows un-permuted); ModelLoadError naming the tensor on corrupt data."""
+    try:
+        w = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32, copy=True)
+    except (*_PARSE_ERRORS, NotImplementedError) as e:
+        raise ModelLoadError(
+            f"corrupt GGUF file {path}: cannot dequantize {t.name} ({t.tensor_type.name}): {e}"
+        ) from None
+    if w.size != int(np.prod(shape)):  # the data ends before the header says
+        raise ModelLoadError(
+            f"GGUF file {path} is truncated or corrupt: tensor {t.name} has {w.size} values, "
+            f"its header says {shape}; download or convert the model again"
+        )
+    w = w.reshape(shape)
+    if arch == gemma_gguf.ARCH and gemma_gguf.shifts_norm(t.name):
+        w = w - np.float32(1.0)
+    if arch == "llama" and ".attn_q." in t.name:
+        w = unpermute_qk(w, cfg.n_heads)
+    elif arch == "llama" and ".attn_k." in t.name:
+        w = unpermute_qk(w, cfg.n_kv_heads)
+    return torch.from_numpy(w)
+
+
+def read_gguf(path: Path) -> GGUFContents:
+    """Parse, dequantize and convert a GGUF file. ModelLoadError names the file on any defect."""
+    tensors, cfg, tokenizer, arch = read_header(path)
+    shapes = tensor_shapes(tensors)
     state: dict[str, Tensor] = {}
     unknown = []
     for t in tensors:
@@ -391,25 +426,7 @@ def read_gguf(path: Path) -> GGUFContents:
         if name is None:
             unknown.append(t.name)
             continue
-        try:
-            w = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32, copy=True)
-        except (*_PARSE_ERRORS, NotImplementedError) as e:
-            raise ModelLoadError(
-                f"corrupt GGUF file {path}: cannot dequantize {t.name} ({t.tensor_type.name}): {e}"
-            ) from None
-        if w.size != int(np.prod(shapes[t.name])):  # the data ends before the header says
-            raise ModelLoadError(
-                f"GGUF file {path} is truncated or corrupt: tensor {t.name} has {w.size} values, "
-                f"its header says {shapes[t.name]}; download or convert the model again"
-            )
-        w = w.reshape(shapes[t.name])
-        if gemma and gemma_gguf.shifts_norm(t.name):
-            w = w - np.float32(1.0)
-        if permute and ".attn_q." in t.name:
-            w = unpermute_qk(w, cfg.n_heads)
-        elif permute and ".attn_k." in t.name:
-            w = unpermute_qk(w, cfg.n_kv_heads)
-        state[name] = torch.from_numpy(w)
+        state[name] = fp32_tensor(t, shapes[t.name], cfg, arch, path)
     if unknown:
         raise ModelLoadError(
             f"{path}: GGUF tensors with no counterpart in our model: {', '.join(unknown[:4])}"
