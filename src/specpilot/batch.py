@@ -36,12 +36,13 @@ from specpilot.engine import (
     join_hidden,
 )
 from specpilot.errors import ConfigError, ContextLengthError
-from specpilot.goodput import Selector, calibrate_curve, calibration_shape
+from specpilot.goodput import Selector
+from specpilot.goodput.curve import selector_curve
 from specpilot.model import Transformer
 from specpilot.profiling import kernel_range
 from specpilot.sampling import Sampler
 from specpilot.tree import DraftTree, TreeSpec, subtree
-from specpilot.verify import VerifyRow, build_inputs, forward, prefill, verify_step
+from specpilot.verify import VerifyRow, prefill, verify_step
 
 DEFAULT_BUDGET_TABLE: tuple[tuple[int, int], ...] = ((1, 16), (2, 8), (4, 6), (8, 4), (16, 2))
 """(batch size, draft nodes per sequence): the entry with the largest batch size <= B applies."""
@@ -341,21 +342,15 @@ class BatchEngine:
         return self.selector
 
     def _measure_curve(self) -> None:
-        """The goodput selector's cost curve, measured once before the first sequence is
-        admitted (the cache rows are all free then)."""
+        """The goodput selector's cost curve, cached per machine, model and plan or measured
+        before the first sequence is admitted (the cache rows are all free then)."""
         assert not self.slots, "the cost curve is measured on an empty cache"
-        c, rows = calibration_shape(self.max_len)
-        width = rows[-1]
-        dev = self.model.device
-
-        def step(rows: int) -> None:
-            tree = DraftTree.chain([0] * (rows - 1))
-            inputs = build_inputs([VerifyRow(0, c, tree)], dev, c + width)
-            forward(self.model, inputs, cache_rows=slice(0, 1))
-
         cfg = self.cfg
-        self.selector = Selector(calibrate_curve(step, rows), hysteresis=cfg.goodput_hysteresis,
-                                 probe_every=cfg.goodput_probe)
+        got = selector_curve(self.model, self.max_len, self.attention, cfg.goodput_rows,
+                             cache_rows=slice(0, 1), recalibrate=cfg.goodput_recalibrate)
+        got.curve.smoothing = cfg.goodput_smoothing
+        self.selector = Selector(got.curve, hysteresis=cfg.goodput_hysteresis,
+                                 probe_every=cfg.goodput_probe, curve_source=got.source)
 
     @torch.no_grad()
     def step(self) -> tuple[list[Slot], StepStats]:

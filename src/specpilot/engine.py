@@ -23,7 +23,8 @@ from torch import Tensor
 from specpilot import kernels
 from specpilot.drafters.base import DraftContext, Drafter
 from specpilot.errors import ConfigError, ContextLengthError
-from specpilot.goodput import Selector, calibrate_curve, calibration_shape
+from specpilot.goodput import Selector
+from specpilot.goodput.curve import selector_curve
 from specpilot.model import ATTENTION_KINDS, LINEAR_KINDS, Transformer
 from specpilot.profiling import kernel_range
 from specpilot.sampling import Sampler, SamplingParams
@@ -31,9 +32,7 @@ from specpilot.tree import DraftTree, TreeSpec
 from specpilot.verify import (
     StepOutcome,
     VerifyRow,
-    build_inputs,
     committed_rows,
-    forward,
     prefill,
     verify_step,
 )
@@ -69,6 +68,13 @@ class EngineConfig:
     """A new budget replaces the last one only if predicted this much better."""
     goodput_probe: int = 8
     """While plain decoding wins, draft every this many steps to refresh the estimates."""
+    goodput_rows: int = 64
+    """The cost curve is measured at 1, 2, 4, .. up to this many verify rows."""
+    goodput_smoothing: float = 0.2
+    """Weight of one observed step on the cost curve (0 = keep the measured curve)."""
+    goodput_recalibrate: bool = False
+    """Measure the cost curve anew even where one is cached for this machine, model and plan
+    (also ``SPECPILOT_GOODPUT_RECALIBRATE=1``; :mod:`specpilot.goodput.curve`)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -97,6 +103,8 @@ class EngineConfig:
             raise ConfigError("cuda_graphs needs a CUDA device; drop it from the plan on CPU")
         if not 0 <= self.goodput_hysteresis < 1 or self.goodput_probe < 1:
             raise ConfigError("goodput_hysteresis must be in [0, 1) and goodput_probe >= 1")
+        if not 1 <= self.goodput_rows <= 64 or not 0 <= self.goodput_smoothing <= 1:
+            raise ConfigError("goodput_rows must be in [1, 64] and goodput_smoothing in [0, 1]")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -194,23 +202,17 @@ class Engine:
         """The goodput budget's state (``cfg.goodput``), made at the first generate."""
 
     def _selector(self) -> Selector:
-        """The goodput selector, its cost curve measured once per engine (a few verify forwards
-        at 1..64 rows); the hysteresis state starts afresh per sequence."""
+        """The goodput selector, its cost curve cached per machine, model and plan or measured
+        once per engine (:func:`specpilot.goodput.curve.selector_curve`); the hysteresis state
+        starts afresh per sequence."""
         if self.selector is None:
-            c, rows = calibration_shape(min(self.context_len, 1024))
-            width = rows[-1]
-            self._ensure_cache(c + width + 1)
-            dev = self.model.device
-
-            def step(rows: int) -> None:
-                tree = DraftTree.chain([0] * (rows - 1))
-                forward(self.model, build_inputs([VerifyRow(0, c, tree)], dev, c + width))
-
-            with torch.no_grad():
-                curve = calibrate_curve(step, rows)
             cfg = self.cfg
-            self.selector = Selector(curve, hysteresis=cfg.goodput_hysteresis,
-                                     probe_every=cfg.goodput_probe)
+            got = selector_curve(self.model, min(self.context_len, 1024), self.attention,
+                                 cfg.goodput_rows, prepare=self._ensure_cache,
+                                 recalibrate=cfg.goodput_recalibrate)  # fmt: skip
+            got.curve.smoothing = cfg.goodput_smoothing
+            self.selector = Selector(got.curve, hysteresis=cfg.goodput_hysteresis,
+                                     probe_every=cfg.goodput_probe, curve_source=got.source)
         self.selector.last, self.selector.idle = None, 0
         return self.selector
 

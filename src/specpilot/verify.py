@@ -79,9 +79,26 @@ class StepOutcome:
     """Per tapped layer, (len(path) + 1, dim) states of the rows now committed."""
 
 
+def _single_inputs(r: VerifyRow, device: torch.device) -> VerifyInputs:
+    """One sequence: no pads, contiguous slots from its cache length, no mask for an empty tree
+    (plain decoding); otherwise the prefix and the tree block."""
+    c, n = r.cache_len, r.tree.size
+    toks = torch.cat([torch.tensor([r.root], dtype=torch.long), r.tree.tokens])[None]
+    pos = c + torch.cat([torch.zeros(1, dtype=torch.long), r.tree.depths])[None]
+    mask = None
+    if n:
+        mask = torch.zeros(1, n + 1, c + n + 1, dtype=torch.bool)  # (1, T, kv_len)
+        mask[0, :, :c] = True
+        mask[0, :, c:] = tree_mask(r.tree)
+        mask = mask.to(device)
+    return VerifyInputs(toks.to(device), pos.to(device), c, c + n + 1, mask)
+
+
 def build_inputs(rows: Sequence[VerifyRow], device: torch.device, scratch: int) -> VerifyInputs:
     """The (B, T) verify block of ``rows``; pad rows write to cache slot ``scratch``."""
     b = len(rows)
+    if b == 1:
+        return _single_inputs(rows[0], device)
     t = 1 + max(r.tree.size for r in rows)
     kv_len = max(r.cache_len + r.tree.size + 1 for r in rows)
     toks = torch.zeros(b, t, dtype=torch.long)  # (B, T)
@@ -98,12 +115,7 @@ def build_inputs(rows: Sequence[VerifyRow], device: torch.device, scratch: int) 
         mask[i, :, :c] = True
         mask[i, : n + 1, c : c + n + 1] = tree_mask(r.tree)
         mask[i, n + 1 :, c] = True  # pads see the prefix and the root
-    slots: int | Tensor = where.to(device)
-    out_mask: Tensor | None = mask.to(device)
-    if b == 1:  # one sequence: no pads, contiguous slots; an empty tree is plain decoding
-        slots = rows[0].cache_len
-        out_mask = None if rows[0].tree.size == 0 else out_mask
-    return VerifyInputs(toks.to(device), pos.to(device), slots, kv_len, out_mask)
+    return VerifyInputs(toks.to(device), pos.to(device), where.to(device), kv_len, mask.to(device))
 
 
 def forward(

@@ -4,7 +4,8 @@ batch, by expected committed tokens per second.
 Three parts, each a small pure piece (the engines own the state):
 
 * :class:`CostCurve` - verify step seconds as a function of the rows in the target forward,
-  measured (:func:`calibrate_curve`) and refreshed online from observed steps;
+  measured (:func:`calibrate_curve`; the verify forwards, once per machine, model and plan and
+  kept on disk: :mod:`specpilot.goodput.curve`) and refreshed online from observed steps;
 * :class:`AcceptanceStats` - a drafter's path probability (``exp(score)``) calibrated against
   observed acceptance, per drafter and depth (a probability bin per depth, with a prior that
   trusts the drafter until evidence arrives);
@@ -228,6 +229,8 @@ class Selector:
     last: Choice | None = None
     idle: int = 0
     """Steps since the selector last drafted."""
+    curve_source: str = "measured"
+    """Where the curve came from (:attr:`specpilot.goodput.curve.MeasuredCurve.source`)."""
     log: list[tuple[int, int, float, float]] = field(default_factory=list)
     """(batch, rows, predicted verify s, actual verify s) of the last steps (metrics,
     reports)."""
@@ -307,8 +310,8 @@ class Selector:
         self.curve.observe(rows, verify_s)
 
     def summary(self) -> dict[str, Any]:
-        """Steps, plain steps, mean predicted and measured verify time of the logged steps, and
-        the curve (what ``bench`` and ``/metrics`` show)."""
+        """Steps, plain steps, mean predicted and measured verify time of the logged steps, the
+        curve and whether it was measured or cached (what ``bench`` and ``/metrics`` show)."""
         n = max(len(self.log), 1)
         return {
             "steps": self.steps,
@@ -317,19 +320,22 @@ class Selector:
             "actual_ms": 1e3 * sum(e[3] for e in self.log) / n,
             "mean_rows": sum(e[1] for e in self.log) / n,
             "curve": {"rows": list(self.curve.rows), "seconds": list(self.curve.seconds)},
+            "curve_source": self.curve_source,
         }
 
 
-def calibration_shape(slots: int) -> tuple[int, tuple[int, ...]]:
+def calibration_shape(slots: int, max_rows: int = 64) -> tuple[int, tuple[int, ...]]:
     """(context length, row counts) for measuring a curve in a cache of ``slots`` slots: up to
-    128 cached tokens and 1..64 rows, fewer in a small cache.
+    128 cached tokens and 1..``max_rows`` rows (powers of two), fewer in a small cache.
 
     >>> calibration_shape(1024)
     (128, (1, 2, 4, 8, 16, 32, 64))
     >>> calibration_shape(40)
     (19, (1, 2, 4, 8, 16))
+    >>> calibration_shape(1024, max_rows=16)
+    (128, (1, 2, 4, 8, 16))
     """
-    width = max(1, min(64, (slots - 2) // 2))
+    width = max(1, min(max_rows, 64, (slots - 2) // 2))
     rows = tuple(r for r in (1, 2, 4, 8, 16, 32, 64) if r <= width)
     return min(128, slots - width - 2), rows
 
@@ -339,8 +345,9 @@ def calibrate_curve(
     rows: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
     repeats: int = 3,
 ) -> CostCurve:
-    """Time ``step(r)`` (one verify forward of ``r`` rows) at each row count: best of
-    ``repeats`` after one warm-up call (the least disturbed reading)."""
+    """Time ``step(r)`` (one verify forward of ``r`` rows, finished when it returns) at each
+    row count: best of ``repeats`` after one warm-up call (the least disturbed reading). The
+    verify forwards themselves: :func:`specpilot.goodput.curve.measure_verify_curve`."""
     secs = []
     for r in rows:
         step(r)
