@@ -114,7 +114,7 @@ def one_row(q, k, v, length, mask, b, h, t, isa):  # type: ignore[no-untyped-def
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     b=st.integers(1, 3),
-    group=st.sampled_from([(2, 2), (4, 2), (6, 3), (3, 1)]),
+    group=st.sampled_from([(2, 2), (4, 2), (6, 3), (3, 1), (8, 2), (9, 3), (4, 1)]),
     t=st.integers(1, 64),
     hd=st.sampled_from([8, 16, 64, 24, 12]),
     length=st.integers(1, 300),

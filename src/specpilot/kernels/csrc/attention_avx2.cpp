@@ -1,14 +1,17 @@
 // AVX2 + FMA batch-invariant attention, bit-identical to the portable path (attention_scalar.cpp).
 //
-// Scores: eight visible keys at a time, one __m256 accumulator per key (lane i gets the
-// elements d = 8t + i, increasing t, _mm256_fmadd_ps), then reduce8x8 does the contract's
-// pairwise reduction for all eight at once (lanes i and i+4, then i and i+2, then 0 and 1: the
-// same additions as attention.h reduce8, only transposed). exp8 is fixed_exp step for step.
-// The sum of p_i keeps lane i % 8 in a vector; the weighted sum of V is vectorized over the
-// head dimension (every element still accumulates in increasing key rank). A head dimension
-// that is not a multiple of 8 runs the portable rows. Compiled with -mavx2 -mfma.
+// The R = 4, 2 or 1 query heads of one kv group at one (b, t) run as a tile: they share the key
+// list, each K and V load, and nothing else. Scores: blocks of 8 / R keys, one __m256
+// accumulator per (row, key) (lane i gets the elements d = 8t + i, increasing t,
+// _mm256_fmadd_ps), then reduce8x8 does the contract's pairwise reduction for all eight at once
+// (lanes i and i+4, then i and i+2, then 0 and 1: the same additions as attention.h reduce8,
+// only transposed). exp8 is fixed_exp step for step. The sum of p_i keeps lane i % 8 in a
+// vector; the weighted sum of V is vectorized over the head dimension (every element still
+// accumulates in increasing key rank). How rows are tiled changes no row's arithmetic. A head
+// dimension that is not a multiple of 8 runs the portable rows. Compiled with -mavx2 -mfma.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "attention.h"
@@ -61,31 +64,43 @@ inline __m256 reduce8x8(const __m256* v) {
   return _mm256_permutevar8x32_ps(sum, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-void scores(const sp::AttnArgs& a, const float* q, const float* k, const int32_t* idx,
-            int64_t n, float* s) {
+// Scores of R rows (same kv head and mask row) against their visible keys, KB = 8 / R keys per
+// block: the R * KB accumulators share each key load and are reduced together by reduce8x8.
+template <int R>
+void scores(const sp::AttnArgs& a, const float* const* q, const float* k, const int32_t* idx,
+            int64_t n, float* const* s) {
+  constexpr int KB = 8 / R;
   const int64_t hd = a.hd;
   const __m256 scale = _mm256_set1_ps(a.scale);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const float* kr[8];
+  for (; i + KB <= n; i += KB) {
+    const float* kr[KB];
     __m256 acc[8];
-    for (int j = 0; j < 8; ++j) {
-      kr[j] = k + idx[i + j] * a.k_sn;
-      acc[j] = _mm256_setzero_ps();
-    }
+    for (int j = 0; j < KB; ++j) kr[j] = k + idx[i + j] * a.k_sn;
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
     for (int64_t d = 0; d < hd; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + d);
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[j] + d), acc[j]);
+      __m256 qv[R];
+      for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q[r] + d);
+      for (int j = 0; j < KB; ++j) {
+        const __m256 kv = _mm256_loadu_ps(kr[j] + d);
+        for (int r = 0; r < R; ++r) acc[r * KB + j] = _mm256_fmadd_ps(qv[r], kv, acc[r * KB + j]);
+      }
     }
-    _mm256_storeu_ps(s + i, _mm256_mul_ps(reduce8x8(acc), scale));
+    alignas(32) float res[8];
+    _mm256_store_ps(res, _mm256_mul_ps(reduce8x8(acc), scale));
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < KB; ++j) s[r][i + j] = res[r * KB + j];
+    }
   }
   for (; i < n; ++i) {
     const float* kr = k + idx[i] * a.k_sn;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; d += 8) {
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kr + d), acc);
+    for (int r = 0; r < R; ++r) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t d = 0; d < hd; d += 8) {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + d), _mm256_loadu_ps(kr + d), acc);
+      }
+      s[r][i] = reduce8(acc) * a.scale;
     }
-    s[i] = reduce8(acc) * a.scale;
   }
 }
 
@@ -110,34 +125,46 @@ float softmax_weights(float* s, int64_t n) {
   return reduce8(lanes);
 }
 
-template <int NV>
-void weighted_v(const sp::AttnArgs& a, const float* v, const int32_t* idx, const float* p,
-                int64_t n, float l, float* out) {
-  __m256 acc[NV];
-  for (int c = 0; c < NV; ++c) acc[c] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; ++i) {
-    const __m256 pi = _mm256_set1_ps(p[i]);
-    const float* vr = v + idx[i] * a.v_sn;
-    for (int c = 0; c < NV; ++c) acc[c] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+// Dimensions [d0, d0 + 8 NV) of the R rows' weighted sums of V (one V load serves R rows).
+template <int R, int NV>
+void weighted_v(const sp::AttnArgs& a, const float* v, const int32_t* idx, const float* const* p,
+                int64_t n, const float* l, float* const* out, int64_t d0) {
+  __m256 acc[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_setzero_ps();
   }
-  const __m256 lv = _mm256_set1_ps(l);
-  for (int c = 0; c < NV; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_div_ps(acc[c], lv));
+  for (int64_t i = 0; i < n; ++i) {
+    __m256 pi[R];
+    for (int r = 0; r < R; ++r) pi[r] = _mm256_set1_ps(p[r][i]);
+    const float* vr = v + idx[i] * a.v_sn + d0;
+    for (int c = 0; c < NV; ++c) {
+      const __m256 x = _mm256_loadu_ps(vr + 8 * c);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(pi[r], x, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m256 lv = _mm256_set1_ps(l[r]);
+    for (int c = 0; c < NV; ++c) _mm256_storeu_ps(out[r] + d0 + 8 * c, _mm256_div_ps(acc[r][c], lv));
+  }
 }
 
-void weighted(const sp::AttnArgs& a, const float* v, const int32_t* idx, const float* p,
-              int64_t n, float l, float* out) {
-  for (int64_t d0 = 0; d0 < a.hd; d0 += 64) {
-    const int64_t nv = (a.hd - d0) / 8 < 8 ? (a.hd - d0) / 8 : 8;
-    switch (nv) {
-      case 8: weighted_v<8>(a, v + d0, idx, p, n, l, out + d0); break;
-      case 7: weighted_v<7>(a, v + d0, idx, p, n, l, out + d0); break;
-      case 6: weighted_v<6>(a, v + d0, idx, p, n, l, out + d0); break;
-      case 5: weighted_v<5>(a, v + d0, idx, p, n, l, out + d0); break;
-      case 4: weighted_v<4>(a, v + d0, idx, p, n, l, out + d0); break;
-      case 3: weighted_v<3>(a, v + d0, idx, p, n, l, out + d0); break;
-      case 2: weighted_v<2>(a, v + d0, idx, p, n, l, out + d0); break;
-      default: weighted_v<1>(a, v + d0, idx, p, n, l, out + d0); break;
-    }
+template <int R, int NV>
+void weighted_chunk(const sp::AttnArgs& a, const float* v, const int32_t* idx,
+                    const float* const* p, int64_t n, const float* l, float* const* out,
+                    int64_t d0, int64_t nv) {
+  if constexpr (NV > 1) {
+    if (nv < NV) return weighted_chunk<R, NV - 1>(a, v, idx, p, n, l, out, d0, nv);
+  }
+  weighted_v<R, NV>(a, v, idx, p, n, l, out, d0);
+}
+
+template <int R>
+void weighted(const sp::AttnArgs& a, const float* v, const int32_t* idx, const float* const* p,
+              int64_t n, const float* l, float* const* out) {
+  constexpr int NV = 8 / R;
+  for (int64_t d0 = 0; d0 < a.hd; d0 += 8 * NV) {
+    const int64_t nv = (a.hd - d0) / 8;
+    weighted_chunk<R, NV>(a, v, idx, p, n, l, out, d0, nv < NV ? nv : NV);
   }
 }
 
@@ -155,19 +182,29 @@ int64_t visible(const sp::AttnArgs& a, int64_t b, int64_t t, int32_t* idx) {
   return n;
 }
 
-void row(const sp::AttnArgs& a, int64_t r, float* work, int32_t* idx) {
-  const int64_t t = r % a.T, h = (r / a.T) % a.H, b = r / (a.T * a.H);
-  const int64_t kh = h / (a.H / a.Hk);
-  const float* q = a.q + b * a.q_sb + h * a.q_sh + t * a.q_st;
-  float* out = a.o + b * a.o_sb + h * a.o_sh + t * a.o_st;
+// Rows h0 .. h0 + R - 1 of (b, t): one kv head, one mask row, one key list.
+template <int R>
+void tile(const sp::AttnArgs& a, int64_t b, int64_t t, int64_t h0, float* work, int32_t* idx) {
+  const int64_t kh = h0 / (a.H / a.Hk);
+  const float* q[R];
+  float* out[R];
+  float* s[R];
+  float l[R];
+  for (int r = 0; r < R; ++r) {
+    q[r] = a.q + b * a.q_sb + (h0 + r) * a.q_sh + t * a.q_st;
+    out[r] = a.o + b * a.o_sb + (h0 + r) * a.o_sh + t * a.o_st;
+    s[r] = work + r * (a.kv_len + 16);
+  }
   const int64_t n = visible(a, b, t, idx);
   if (n == 0) {
-    for (int64_t d = 0; d < a.hd; ++d) out[d] = 0.0f;
+    for (int r = 0; r < R; ++r) {
+      for (int64_t d = 0; d < a.hd; ++d) out[r][d] = 0.0f;
+    }
     return;
   }
-  scores(a, q, a.k + b * a.k_sb + kh * a.k_sh, idx, n, work);
-  const float l = softmax_weights(work, n);
-  weighted(a, a.v + b * a.v_sb + kh * a.v_sh, idx, work, n, l, out);
+  scores<R>(a, q, a.k + b * a.k_sb + kh * a.k_sh, idx, n, s);
+  for (int r = 0; r < R; ++r) l[r] = softmax_weights(s[r], n);
+  weighted<R>(a, a.v + b * a.v_sb + kh * a.v_sh, idx, s, n, l, out);
 }
 
 }  // namespace
@@ -178,7 +215,23 @@ extern "C" void sp_attention_avx2(const sp::AttnArgs* a, int64_t r0, int64_t r1,
     sp_attention_scalar(a, r0, r1, work, idx);
     return;
   }
-  for (int64_t r = r0; r < r1; ++r) row(*a, r, work, idx);
+  // rows in (b, t, h) order; the heads of one kv group run together in tiles of 4, 2 or 1
+  const int64_t group = a->H / a->Hk;
+  int64_t r = r0;
+  while (r < r1) {
+    const int64_t h = r % a->H, t = (r / a->H) % a->T, b = r / (a->H * a->T);
+    const int64_t left = std::min(r1 - r, (h / group + 1) * group - h);
+    if (left >= 4) {
+      tile<4>(*a, b, t, h, work, idx);
+      r += 4;
+    } else if (left >= 2) {
+      tile<2>(*a, b, t, h, work, idx);
+      r += 2;
+    } else {
+      tile<1>(*a, b, t, h, work, idx);
+      r += 1;
+    }
+  }
 }
 
 extern "C" void sp_exp_avx2(const float* x, float* y, int64_t n) {

@@ -1,7 +1,8 @@
 // Torch ops `specpilot::attention` and `specpilot::fixed_exp`: checks, threads, ISA dispatch.
 //
-// Threads split the output rows (b, h, t) (at::parallel_for over them); the keys of a row are
-// never split, so a thread count changes only which thread computes a row, never how.
+// Threads split the output rows (b, h, t), taken in (b, t, h) order (at::parallel_for over them);
+// the keys of a row are never split, so a thread count changes only which thread computes a row,
+// never how.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -77,7 +78,7 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k, const at::Tens
   if (rows == 0) return out;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, kv_len * hd));
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    std::vector<float> work(static_cast<size_t>(kv_len + hd + 16));
+    std::vector<float> work(static_cast<size_t>(4 * (kv_len + 16) + hd));  // 4 rows' scores
     std::vector<int32_t> idx(static_cast<size_t>(kv_len + 8));
     if (avx2) {
 #if !defined(SP_NO_AVX2)

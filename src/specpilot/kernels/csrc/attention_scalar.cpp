@@ -31,7 +31,7 @@ float dot8(const float* x, const float* y, int64_t hd) {
 }
 
 void row(const sp::AttnArgs& a, int64_t r, float* work, int32_t* idx) {
-  const int64_t t = r % a.T, h = (r / a.T) % a.H, b = r / (a.T * a.H);
+  const int64_t h = r % a.H, t = (r / a.H) % a.T, b = r / (a.H * a.T);  // (b, t, h) order
   const int64_t kh = h / (a.H / a.Hk);
   const float* q = a.q + b * a.q_sb + h * a.q_sh + t * a.q_st;
   const float* k = a.k + b * a.k_sb + kh * a.k_sh;
