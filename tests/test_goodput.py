@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specpilot.batch import BatchConfig, BatchEngine, BatchRequest
 from specpilot.drafters.base import DraftContext
@@ -187,34 +189,51 @@ def test_a_drafter_that_skips_steps_drafts_as_if_it_never_had(name: str) -> None
             assert a.parents.tolist() == b.parents.tolist(), (name, n)
 
 
-def test_packed_verify_gives_the_padded_bits() -> None:
+@st.composite
+def _compositions(draw: st.DrawFn) -> list[tuple[list[int], DraftTree]]:
+    """2..4 sequences, each a prompt of 1..24 tokens (its cache length) and a draft tree of
+    0..6 nodes (any shape: every parent precedes its child)."""
+    out = []
+    for _ in range(draw(st.integers(2, 4))):
+        prompt = draw(st.lists(st.integers(0, 63), min_size=1, max_size=24))
+        n = draw(st.integers(0, 6))
+        parents = [draw(st.integers(-1, i - 1)) for i in range(n)]
+        tokens = draw(st.lists(st.integers(0, 63), min_size=n, max_size=n))
+        out.append((prompt, DraftTree.from_parents(tokens, parents) if n else DraftTree.empty()))
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=_compositions())
+def test_packed_verify_gives_the_padded_bits(batch: list[tuple[list[int], DraftTree]]) -> None:
     """A packed batched verify (real rows only) computes every real row's logits and hidden
-    states bit for bit as the padded one, and commits the same caches."""
+    states bit for bit as the padded one, and commits the same caches, for any batch
+    composition (tree sizes and shapes, cache lengths)."""
     from specpilot.verify import VerifyRow, verify_step
 
     outs = []
+    gen = GenerationConfig(max_new_tokens=8, stop_on_eos=False)
     for packed in (False, True):
         model = tiny_model("llama", seed=3, std=0.12)
-        beng = BatchEngine(model, EngineConfig(), BatchConfig(max_batch=3, max_len=128))
-        for p in PROMPTS:
-            beng.add(BatchRequest(list(p), GEN))
-        trees = [
-            DraftTree.chain([9, 9, 9, 9]),
-            DraftTree.empty(),
-            DraftTree.from_parents([1, 2, 3], [-1, -1, 0]),
-        ]
-        rows = [VerifyRow(s.committed[-1], s.cache_len, t) for s, t in zip(beng.slots, trees,
-                                                                             strict=True)]
-        res = verify_step(model, rows, (1, 2), cache_rows=slice(0, 3), scratch=127,
-                          packed=packed)
-        cache = model.model.layers[0].self_attn.cache
-        n = min(s.cache_len for s in beng.slots) + 1
-        outs.append((res, cache.k[:, :, :n].clone()))
-    (a, ka), (b, kb) = outs
-    for x, y in zip(a, b, strict=True):
+        beng = BatchEngine(model, EngineConfig(), BatchConfig(max_batch=4, max_len=64))
+        for prompt, _ in batch:
+            beng.add(BatchRequest(list(prompt), gen))
+        rows = [VerifyRow(s.committed[-1], s.cache_len, t)
+                for s, (_, t) in zip(beng.slots, batch, strict=True)]
+        b = len(rows)
+        res = verify_step(model, rows, (1, 2), cache_rows=slice(0, b), scratch=63, packed=packed)
+        caches = []
+        for s, o in zip(beng.slots, res, strict=True):
+            n = s.cache_len + len(o.path) + 1  # the committed prefix after this step
+            layer = model.model.layers[0].self_attn.cache
+            caches.append((layer.k[s.row, :, :n].clone(), layer.v[s.row, :, :n].clone()))
+        outs.append((res, caches))
+    (a, ca), (b_, cb) = outs
+    for x, y in zip(a, b_, strict=True):
         assert torch.equal(x.logits, y.logits) and x.path == y.path and x.tokens == y.tokens
         assert all(torch.equal(h, g) for h, g in zip(x.hidden, y.hidden, strict=True))
-    assert torch.equal(ka, kb)
+    for (ka, va), (kb, vb) in zip(ca, cb, strict=True):
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
 
 
 @pytest.mark.parametrize("goodput", [False, True])
@@ -254,3 +273,28 @@ def test_goodput_step_stats_reach_metrics() -> None:
     m.observe_step(stats)
     body = m.render().decode()
     assert "specpilot_goodput_verify_seconds" in body and "specpilot_goodput_nodes" in body
+
+
+def test_the_loop_runs_a_trial_of_the_goodput_budget(tmp_path: Any) -> None:
+    """The optimization loop's trial harness applies goodput_budget with tuned hysteresis, probe
+    interval and calibration to a tiny model in a child process, token-forces it against the
+    trusted plain references and times it against the baseline plan."""
+    from specpilot.pilot.trial import PASS, run_trial
+
+    from .pilot_helpers import cases, job, prompts, references, tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "model")
+    ps = prompts(3, seed=4)
+    cs = cases(ps, references(model, ps))
+    params = {"on": True, "hysteresis": 0.1, "probe_every": 4, "curve_rows": 16,
+              "smoothing": 0.1}
+    res = run_trial(job("goodput", model, (("goodput_budget", params),), cs[:2], (cs[2:],),
+                        work_dir=str(tmp_path)))
+    assert res.status == PASS, res.reason
+    assert res.forcing["status"] == PASS and res.forcing["n_prompts"] == 2
+    assert res.speedup is not None and res.plan is not None
+    assert res.plan["mechanisms"] == [{"id": "goodput_budget", "params": params}]
+    engine = res.plan["engine"]
+    assert engine["goodput"] is True and engine["goodput_hysteresis"] == 0.1
+    assert engine["goodput_probe"] == 4 and engine["goodput_rows"] == 16
+    assert engine["goodput_smoothing"] == 0.1
