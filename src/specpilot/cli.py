@@ -49,6 +49,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help="GGUF weights: fp32 = dequantized (default); native = projections run on the "
         "file's blocks (specpilot.kernels, fixed-order fp32 kernels)",
     )
+    g.add_argument(
+        "--numerics",
+        default=None,
+        choices=["fp32", "int8"],
+        help="numerics profile of native GGUF weights: fp32 = fp32 activations; int8 = "
+        "activations quantized per block of 32, integer block dot products (default: fp32)",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 

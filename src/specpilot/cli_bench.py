@@ -128,6 +128,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         threads=args.threads,
         attention=engine.attention,
         linear=args.linear,
+        numerics=engine.cfg.numerics,
         device=args.device,
     )
     if engine.selector is not None:

@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         "threads": args.threads,
         "attention": engine.attention,
         "linear": args.linear,
+        "numerics": engine.cfg.numerics,
         "device": args.device,
     }
     if args.json:

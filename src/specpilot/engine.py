@@ -53,6 +53,10 @@ class EngineConfig:
     "auto"."""
     linear: str = "onednn"
     """"onednn" (prepacked, batch-invariant CPU fp32 GEMMs) or "torch"."""
+    numerics: str = "fp32"
+    """Numerics profile of native GGUF weights (:mod:`specpilot.kernels.int8`): "fp32" (fp32
+    activations, the default) or "int8" (Q8 activation blocks, integer block dot products).
+    Each profile is its own reference: plain decoding and speculation run the same one."""
     threads: int | None = None
     """CPU threads for torch (None = leave torch's default)."""
     static_buffers: bool = False
@@ -90,6 +94,9 @@ class EngineConfig:
                 raise ConfigError(f"attention fixed: {kernels.unavailable_reason()}; use exact")
         if self.linear not in LINEAR_KINDS:
             raise ConfigError(f"linear must be one of {LINEAR_KINDS}, got {self.linear!r}")
+        if self.numerics not in kernels.int8.PROFILES:
+            choices = ", ".join(kernels.int8.PROFILES)
+            raise ConfigError(f"--numerics must be one of {choices}, got {self.numerics!r}")
         if self.threads is not None and self.threads <= 0:
             raise ConfigError(f"--threads must be positive, got {self.threads}")
         dev = self.device.split(":")[0]
@@ -186,6 +193,8 @@ class Engine:
         self.model = model
         self.attention = self.cfg.resolved_attention
         model.prepack(self.cfg.linear)
+        if self.cfg.numerics != "fp32" or getattr(model, "native", False):
+            model.set_numerics(self.cfg.numerics)  # ConfigError unless the weights are native
         self.context_len = model.cfg.max_position
         self._fast = None
         c = self.cfg

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from specpilot import kernels
 from specpilot.config import ModelConfig, rope_inv_freq, window_mask
+from specpilot.errors import ConfigError
 from specpilot.kernels import rowops
 from specpilot.kernels.attention import ops as attention_ops
 from specpilot.kernels.linear import isa_code
@@ -222,6 +223,30 @@ class Transformer(nn.Module):
         self.rowops = False
         """Norms, RoPE, residual + norm and the gated activation run as the C++ row ops
         (:mod:`specpilot.kernels.rowops`); on with native weights, see :meth:`set_rowops`."""
+
+    @property
+    def numerics(self) -> str:
+        """Numerics profile of the native GGUF kernels: ``fp32`` (default) or ``int8``."""
+        return str(self.__dict__.get("_numerics", "fp32"))
+
+    def set_numerics(self, profile: str) -> None:
+        """Run every native GGUF linear in numerics ``profile`` (:mod:`specpilot.kernels.int8`);
+        ConfigError for an unknown profile, or ``int8`` on weights that are not native."""
+        from specpilot.kernels.int8 import PROFILES
+        from specpilot.kernels.linear import GGUFLinear
+
+        if profile not in PROFILES:
+            choices = ", ".join(PROFILES)
+            raise ConfigError(f"numerics must be one of {choices}, got {profile!r}")
+        if profile != "fp32" and not self.native:
+            raise ConfigError(
+                f"numerics {profile} runs on the native GGUF kernels: load a .gguf model with "
+                "--weights native (these weights are dequantized fp32), or use --numerics fp32"
+            )
+        for mod in self.modules():
+            if isinstance(mod, GGUFLinear):
+                mod.profile = profile
+        self._numerics = profile
 
     def tie_weights(self) -> None:
         if self.cfg.tie_embeddings:

@@ -114,7 +114,9 @@ class Plan:
             "static": f"static {len(t.paths)} nodes",
             "dynamic": f"dynamic N={t.budget} topk={t.topk} depth={t.depth}",
         }[t.kind]
-        return f"{self.drafter}/{shape}" if self.drafter != "none" else "AR (no drafter)"
+        label = f"{self.drafter}/{shape}" if self.drafter != "none" else "AR (no drafter)"
+        numerics = self.engine.numerics
+        return label if numerics == "fp32" else f"{label} [{numerics} numerics]"
 
 
 def _obj(v: Any, where: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from specpilot.errors import ConfigError
 
-ENGINE_FLAGS = ("device", "dtype", "attention", "linear", "threads", "goodput")
+ENGINE_FLAGS = ("device", "dtype", "attention", "linear", "threads", "goodput", "numerics")
 SHAPE_FLAGS = ("k", "paths", "budget", "topk", "depth")
 DRAFTER_FLAGS = ("union_trust", "union_depth", "head_min_prob", "lookup_min_n", "lookup_max_n")
 PLAN_OWNED = ("drafter", "tree", *SHAPE_FLAGS, *DRAFTER_FLAGS, *ENGINE_FLAGS)

@@ -21,6 +21,30 @@ reference output is portable across x86 machines. Dense F32/F16/BF16 weights fol
 order; running a block type natively equals running the dense F32 kernel on its dequantized
 weights, bit for bit. Tests: tests/test_kernels.py.
 
+Int8-activation contract (numerics profile ``int8``, :mod:`specpilot.kernels.int8`; ``fp32``
+above is the default). For weight types Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, from row r of x and
+row n of W only:
+
+1. Activations. Each row of x is cut into blocks of 32 along k; per block ``d = max|x| / 127``
+   (fp32 division), ``id = d != 0 ? 1 / d : 0``, ``q = nearbyint(x * id)`` (round half to even;
+   |q| <= 127), ``s = d * float(sum q)`` (llama.cpp's Q8_0 rule, Q8_1's block sum, fp32 scales).
+2. Weights. Weight block j (the 32 elements matching activation block j) as integers w with a
+   scale a and a min b: Q4_0 ``nibble - 8``, Q5_0 ``q5 - 16``, Q8_0 ``int8``, a = d, b = 0;
+   Q4_1 ``nibble``, a = d, b = m; Q4_K ``nibble``, a = d*sc, b = -(dmin*mn) (both exact in fp32);
+   Q6_K ``q6 - 32``, a = d, b = 0, its two int8 sub-scales folded into the integer sum.
+3. Block dot product, exact in int32: ``isum = sum w*q`` (Q6_K: ``sc0 * sum over the first 16
+   + sc1 * sum over the last 16``); the order inside a block does not matter.
+4. Accumulation. Eight fp32 lanes from +0; block j goes to lane ``j % 8`` in increasing j:
+   ``lane = fma(a * d_x, float(isum), lane)`` (``a * d_x`` rounded to fp32 first), then for
+   Q4_1 / Q4_K ``lane = fma(b, s_x, lane)``.
+5. The fp32 contract's pairwise lane reduction, then the bias last.
+
+The same independence holds (rows, positions, threads, tiles, portable and AVX2 give the same
+bits). The int8 result differs from the fp32 profile's (activation rounding): each profile is its
+own reference, and plain decoding and speculation must run the same one. Dense F32/F16/BF16
+weights have no int8 kernel and keep the fp32-activation kernel in this profile.
+Tests: tests/test_kernels_int8.py.
+
 Attention contract (``attention="fixed"``, :func:`fixed_attention`, fp32 q and KV cache). Output
 row (b, h, t) is computed from q[b, h, t], the keys/values of kv head ``h // (H / Hk)`` its mask
 row lets it see (None: all ``kv_len``), and nothing else:
@@ -73,6 +97,7 @@ False and :func:`unavailable_reason` says why in one line.
 """
 
 from specpilot.kernels.attention import fixed_attention, fixed_exp
+from specpilot.kernels.int8 import PROFILES, gguf_matmul_int8, int8_supports, quantize_rows
 from specpilot.kernels.linear import (
     QTYPES,
     GGUFEmbedding,
@@ -88,6 +113,7 @@ from specpilot.kernels.linear import (
 )
 
 __all__ = [
+    "PROFILES",
     "QTYPES",
     "GGUFEmbedding",
     "GGUFLinear",
@@ -97,7 +123,10 @@ __all__ = [
     "fixed_attention",
     "fixed_exp",
     "gguf_matmul",
+    "gguf_matmul_int8",
     "gguf_matmul_reference",
+    "int8_supports",
+    "quantize_rows",
     "reader_blocks",
     "supports",
     "unavailable_reason",
