@@ -79,6 +79,8 @@ def _common_untranslated(plan: Plan) -> list[str]:
     out = []
     if e.resolved_attention == "exact":
         out.append("attention=exact (fp64, batch-invariant attention): engines use native kernels")
+    if e.resolved_attention == "fixed":
+        out.append("attention=fixed (batch-invariant fp32 kernel): engines use native kernels")
     if e.device == "cpu" and e.linear == "onednn":
         out.append("linear=onednn (prepacked batch-invariant CPU GEMMs)")
     if e.threads is not None:
