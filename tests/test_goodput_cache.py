@@ -212,3 +212,26 @@ def test_the_curve_lives_under_the_cache_root(monkeypatch: pytest.MonkeyPatch) -
     assert curve_mod.curve_path() == Path("/somewhere/specpilot/goodput.json")
     monkeypatch.delenv("SPECPILOT_CACHE")
     assert curve_mod.curve_path() == Path.home() / ".cache" / "specpilot" / "goodput.json"
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_bench_json_says_whether_the_curve_was_measured_or_cached(
+    machine: dict[str, Any], tmp_path: Path, batched: bool
+) -> None:
+    from specpilot.cli import main
+
+    from .test_cli import GOOD, _prompts
+    from .test_loading import make_model, save_dir
+
+    model_dir = save_dir(tmp_path / "tiny", make_model("llama-tied", seed=2))
+    argv = ["bench", "--model", str(model_dir), "--prompts", str(_prompts(tmp_path, GOOD))]
+    argv += ["--max-new-tokens", "12", "--drafter", "lookup", "--goodput", "--threads", "1"]
+    argv += ["--batch-size", "2"] if batched else []
+    sources = []
+    for run in range(2):
+        out = tmp_path / f"bench{run}.json"
+        assert main([*argv, "--json", str(out)]) == 0
+        g = json.loads(out.read_text())["goodput"]
+        assert g["steps"] > 0 and g["curve"]["rows"][0] == 1
+        sources.append(g["curve_source"])
+    assert sources == ["measured", "cached"] and machine["measured"] == 1

@@ -214,8 +214,12 @@ def _bench_batch(
     console.print(t)
     for m in res.candidates:
         console.print(f"{m.name}: forcing {m.forcing}")
+    if beng.selector is not None:
+        console.print(_goodput_line(beng.selector.summary()))
     if args.json:
         out = {**res.to_json(), "model": loaded.source, "threads": args.threads}
+        if beng.selector is not None:
+            out["goodput"] = beng.selector.summary()
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0 if res.lossless else 1
 
@@ -223,7 +227,8 @@ def _bench_batch(
 def _goodput_line(g: dict[str, Any]) -> str:
     return (
         f"goodput budget: {g['steps']} steps, {g['plain_steps']} plain; verify step predicted "
-        f"{g['predicted_ms']:.1f} ms, measured {g['actual_ms']:.1f} ms (mean of the last steps)"
+        f"{g['predicted_ms']:.1f} ms, measured {g['actual_ms']:.1f} ms (mean of the last steps); "
+        f"cost curve {g['curve_source']}"
     )
 
 
