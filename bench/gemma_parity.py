@@ -103,7 +103,7 @@ def main() -> int:
 
     torch.manual_seed(0)
     t0 = time.time()
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, weights="fp32")
     gguf = Path(args.gguf or loaded.source)
     tok = loaded.tokenizer
     hf = transformers.AutoModelForCausalLM.from_pretrained(

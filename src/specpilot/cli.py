@@ -45,9 +45,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--weights",
         default=None,
-        choices=["fp32", "native"],
-        help="GGUF weights: fp32 = dequantized (default); native = projections run on the "
-        "file's blocks (specpilot.kernels, fixed-order fp32 kernels)",
+        choices=["auto", "fp32", "native"],
+        help="GGUF weights: native = projections, LM head and embedding run on the file's "
+        "blocks (specpilot.kernels, fixed-order fp32 kernels); fp32 = dequantized (oneDNN); "
+        "auto = native on CPU float32 when the kernels build, else fp32 (default: auto; fp32 "
+        "with --peers hf)",
     )
     g.add_argument(
         "--numerics",

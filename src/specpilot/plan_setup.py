@@ -157,13 +157,26 @@ def _chain() -> Any:
     return TreeSpec(kind="chain")
 
 
-def load_plans(args: argparse.Namespace) -> tuple[Any, list[tuple[str | None, Any]]]:
+def weights_mode(args: argparse.Namespace, hf_peers: bool = False) -> str:
+    """``--weights`` as given; else ``fp32`` when the Hugging Face peers run (they are built from
+    the fp32 weights), else the loader's default (``auto``: native for a GGUF file on CPU fp32)."""
+    from specpilot.loading import DEFAULT_WEIGHTS
+
+    given_weights = getattr(args, "weights", None)
+    if given_weights:
+        return str(given_weights)
+    return "fp32" if hf_peers else DEFAULT_WEIGHTS
+
+
+def load_plans(
+    args: argparse.Namespace, hf_peers: bool = False
+) -> tuple[Any, list[tuple[str | None, Any]]]:
     """The target and the (label, plan) pairs to run: ``--plan``'s, or the flags'."""
     from specpilot.loading import load_model
     from specpilot.plan import load_plan
     from specpilot.runtime import plan_options
 
-    weights = getattr(args, "weights", None) or "fp32"
+    weights = weights_mode(args, hf_peers)
     if getattr(args, "plan", None):
         check_plan_flags(args)
         plan = load_plan(args.plan)
@@ -184,7 +197,7 @@ def setup(args: argparse.Namespace, hf_peers: bool = False) -> Setup:
     from specpilot.loading import load_model
     from specpilot.runtime import build, uses_draft_model
 
-    loaded, pairs = load_plans(args)
+    loaded, pairs = load_plans(args, hf_peers)
     plans = [p for _, p in pairs]
     ecfg = plans[0].engine
     wants_model = any(uses_draft_model(p) for p in plans)
@@ -192,7 +205,8 @@ def setup(args: argparse.Namespace, hf_peers: bool = False) -> Setup:
         raise ConfigError("this plan drafts with a draft model: give it with --draft-model PATH")
     draft = None
     if wants_model:
-        draft = load_model(args.draft_model, device=ecfg.device, dtype=ecfg.torch_dtype)
+        draft = load_model(args.draft_model, device=ecfg.device, dtype=ecfg.torch_dtype,
+                           weights=weights_mode(args, hf_peers))  # fmt: skip
     peers: list[Any] = []
     if hf_peers and loaded.model.native:
         raise ConfigError("the Hugging Face peers need the fp32 weights: drop --weights native")
