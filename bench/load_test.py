@@ -4,9 +4,17 @@ token and tokens/s.
 
     python bench/load_test.py --concurrency 32 --requests 32 --max-tokens 64 --limit 32
     python bench/load_test.py --base-url http://127.0.0.1:8000/v1   # an already running server
+    python bench/load_test.py --concurrency 32 --vs-plain    # speculation vs plain decoding
 
 Without --base-url the script starts ``specpilot serve`` itself (a free loopback port; extra
 flags after ``--`` go to serve) and stops it at the end.
+
+Outputs are checked: after the concurrent run, every distinct prompt is sent again alone (one
+request at a time, same settings) and its text at temperature 0 must equal the text it got
+under load (``mismatches`` in the report; ``--no-compare-alone`` skips it). ``--no-spec``
+serves with plain decoding (``serve --drafter none``); ``--vs-plain`` runs the whole test twice,
+speculative then plain, on the same requests, and reports the throughput ratio and whether
+the two servers' outputs agree. The exit status is 1 on any error or mismatch.
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ class One:
     chunks: int
     completion_tokens: int
     error: str = ""
+    text: str = ""
+    prompt: int = -1
+    """Index of the distinct prompt this request sent."""
 
 
 def _free_port() -> int:
@@ -43,11 +54,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_server(port: int, args: argparse.Namespace, extra: list[str]) -> subprocess.Popen:
+def _start_server(
+    port: int, args: argparse.Namespace, extra: list[str], spec: bool = True
+) -> subprocess.Popen:
+    drafter = args.drafter if spec else "none"
     cmd = [
         sys.executable, "-m", "specpilot.cli", "serve", "--model", args.model,
         "--port", str(port), "--max-batch", str(args.max_batch), "--log-level", "warning",
-        *(["--drafter", args.drafter] if args.drafter else []), *extra,
+        *(["--drafter", drafter] if drafter else []), *extra,
     ]  # fmt: skip
     proc = subprocess.Popen(cmd)
     deadline = time.time() + args.startup_timeout
@@ -67,6 +81,7 @@ def _start_server(port: int, args: argparse.Namespace, extra: list[str]) -> subp
 def _request(client: openai.OpenAI, model: str, text: str, chat: bool, max_tokens: int) -> One:
     t0 = time.perf_counter()
     ttft, chunks, usage = 0.0, 0, 0
+    pieces: list[str] = []
     try:
         common = dict(model=model, max_tokens=max_tokens, temperature=0, stream=True)
         common["stream_options"] = {"include_usage": True}
@@ -82,8 +97,9 @@ def _request(client: openai.OpenAI, model: str, text: str, chat: bool, max_token
                 piece = ch.choices[0].delta.content if chat else ch.choices[0].text
                 if piece:
                     chunks += 1
+                    pieces.append(piece)
                     ttft = ttft or time.perf_counter() - t0
-        return One(True, time.perf_counter() - t0, ttft, chunks, usage)
+        return One(True, time.perf_counter() - t0, ttft, chunks, usage, text="".join(pieces))
     except Exception as e:  # counted and reported, never hidden
         return One(False, time.perf_counter() - t0, ttft, chunks, usage, f"{type(e).__name__}: {e}")
 
@@ -93,7 +109,7 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else 0.0
 
 
-def main() -> int:
+def _args() -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--base-url", default=None, help="use a running server (…/v1)")
     ap.add_argument("--model", default="smollm2-135m")
@@ -106,39 +122,102 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=None, help="distinct prompts (cycled)")
     ap.add_argument("--startup-timeout", type=float, default=300)
     ap.add_argument("--json", default=None, help="write the report to this file")
+    ap.add_argument(
+        "--no-compare-alone",
+        dest="compare_alone",
+        action="store_false",
+        help="skip re-sending each prompt alone to compare outputs",
+    )
+    ap.add_argument(
+        "--no-spec", action="store_true", help="serve with plain decoding (serve --drafter none)"
+    )
+    ap.add_argument(
+        "--vs-plain",
+        action="store_true",
+        help="run speculative and plain servers on the same requests, compare",
+    )
     args, extra = ap.parse_known_args()
-    extra = [x for x in extra if x != "--"]
-    prompts = load_workload(args.workload, limit=args.limit)
+    if args.base_url and args.vs_plain:
+        raise SystemExit("--vs-plain starts its own servers; drop --base-url")
+    if args.no_spec and args.vs_plain:
+        raise SystemExit("--vs-plain runs both ways already; drop --no-spec")
+    return args, [x for x in extra if x != "--"]
+
+
+def _run(client: openai.OpenAI, model: str, work: list, args: argparse.Namespace) -> list[One]:
+    """All requests of ``work`` ((prompt index, prompt)) at ``args.concurrency``."""
+
+    def one(item: tuple[int, object]) -> One:
+        i, p = item
+        r = _request(client, model, p.text, p.chat, args.max_tokens)
+        r.prompt = i
+        return r
+
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        return list(pool.map(one, work))
+
+
+def _mismatches(res: list[One], alone: dict[int, One]) -> list[dict]:
+    """Requests whose text under load differs from the same prompt's text sent alone."""
+    out = []
+    for r in res:
+        a = alone.get(r.prompt)
+        if r.ok and a is not None and a.ok and r.text != a.text:
+            out.append({"prompt": r.prompt, "under_load": r.text[:200], "alone": a.text[:200]})
+    return out
+
+
+def _session(args: argparse.Namespace, extra: list[str], prompts: list, spec: bool) -> dict:
+    """One server (started here unless --base-url): the concurrent run, then each distinct
+    prompt alone; the report."""
     proc = None
     base = args.base_url
     if base is None:
         port = _free_port()
-        proc = _start_server(port, args, extra)
+        proc = _start_server(port, args, extra, spec)
         base = f"http://127.0.0.1:{port}/v1"
     try:
         client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=600)
         model = client.models.list().data[0].id
-        work = [prompts[i % len(prompts)] for i in range(args.requests)]
+        n = min(len(prompts), args.requests)
+        work = [(i % n, prompts[i % n]) for i in range(args.requests)]
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(args.concurrency) as pool:
-            res = list(
-                pool.map(lambda p: _request(client, model, p.text, p.chat, args.max_tokens), work)
-            )
+        res = _run(client, model, work, args)
         wall = time.perf_counter() - t0
         metrics = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=10).text
+        alone: dict[int, One] = {}
+        if args.compare_alone:
+            for i in range(n):  # one at a time: nothing else in the batch
+                alone[i] = _request(
+                    client, model, prompts[i].text, prompts[i].chat, args.max_tokens
+                )
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(30)
+    return _report(args, res, wall, metrics, alone, spec)
+
+
+def _report(
+    args: argparse.Namespace,
+    res: list[One],
+    wall: float,
+    metrics: str,
+    alone: dict[int, One],
+    spec: bool,
+) -> dict:
     ok = [r for r in res if r.ok]
     tokens = sum(r.completion_tokens for r in ok)
     tau = next(
         (ln.split()[-1] for ln in metrics.splitlines() if ln.startswith("specpilot_tau ")), ""
     )
-    report = {
+    bad = _mismatches(res, alone)
+    alone_errors = [a.error for a in alone.values() if not a.ok]
+    return {
+        "speculative": spec,
         "requests": len(res),
         "concurrency": args.concurrency,
-        "errors": len(res) - len(ok),
+        "errors": len(res) - len(ok) + len(alone_errors),
         "latency_p50_s": _pct([r.latency_s for r in ok], 0.5),
         "latency_p99_s": _pct([r.latency_s for r in ok], 0.99),
         "ttft_p50_s": _pct([r.ttft_s for r in ok], 0.5),
@@ -147,14 +226,44 @@ def main() -> int:
         "wall_s": wall,
         "tokens_per_s": tokens / wall if wall else 0.0,
         "server_tau": float(tau) if tau else None,
-        "error_samples": [r.error for r in res if not r.ok][:5],
+        "compared_alone": len(alone),
+        "mismatches": len(bad) if args.compare_alone else None,
+        "mismatch_samples": bad[:3],
+        "error_samples": ([r.error for r in res if not r.ok] + alone_errors)[:5],
+        "runs": [asdict(r) for r in res],
     }
-    print(json.dumps(report, indent=2))
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({**report, "runs": [asdict(r) for r in res]}, indent=2)
+
+
+def main() -> int:
+    args, extra = _args()
+    prompts = load_workload(args.workload, limit=args.limit)
+    reports = [_session(args, extra, prompts, spec=not args.no_spec)]
+    if args.vs_plain:
+        reports.append(_session(args, extra, prompts, spec=False))
+    summary = {k: v for k, v in reports[0].items() if k != "runs"}
+    failed = any(r["errors"] or r["mismatches"] for r in reports)
+    if args.vs_plain:
+        spec_r, plain_r = reports
+        plain = {k: v for k, v in plain_r.items() if k != "runs"}
+        texts = {r["prompt"]: r["text"] for r in plain_r["runs"] if r["ok"]}
+        differ = sum(
+            1
+            for r in spec_r["runs"]
+            if r["ok"] and r["prompt"] in texts and r["text"] != texts[r["prompt"]]
         )
-    return 0 if report["errors"] == 0 else 1
+        speedup = spec_r["tokens_per_s"] / plain_r["tokens_per_s"] if plain_r["tokens_per_s"] else 0
+        summary = {
+            "speculative": summary,
+            "plain": plain,
+            "throughput_ratio": speedup,
+            "spec_vs_plain_text_mismatches": differ,
+        }
+        failed = failed or differ > 0
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        full = {**summary, "reports": reports}
+        Path(args.json).write_text(json.dumps(full, indent=2))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

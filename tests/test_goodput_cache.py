@@ -77,7 +77,17 @@ def test_measured_once_then_cached(machine: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(
     "change",
-    ["linear", "attention", "native", "kernel_option", "compiled", "threads", "rows", "model"],
+    [
+        "linear",
+        "attention",
+        "native",
+        "numerics",
+        "kernel_option",
+        "compiled",
+        "threads",
+        "rows",
+        "model",
+    ],
 )
 def test_a_changed_key_measures_anew(machine: dict[str, Any], change: str) -> None:
     _engine()._selector()
@@ -92,8 +102,10 @@ def test_a_changed_key_measures_anew(machine: dict[str, Any], change: str) -> No
     eng = _engine(**cfg)
     if change == "native":
         eng.model.native = True  # the weights mode (GGUF blocks) is part of the key
+    elif change == "numerics":
+        eng.model._numerics = "int8"  # what Transformer.set_numerics records
     elif change == "kernel_option":
-        eng.model.model.layers[0].mlp.down_proj.tile_n = 8  # a kernel setting, e.g. tiling
+        eng.model.model.layers[0].mlp.down_proj.tiles = ((1, 4), (4, 2))  # GGUFLinear tiling
     elif change == "compiled":
         eng.model.compiled = ("layers", False)
     elif change == "model":

@@ -12,9 +12,9 @@
 * the machine: CPU model, ISA flags and torch threads (a GPU: its name), torch version;
 * the model: :func:`model_fingerprint`, a hash of its config and of every module's type, kernel
   settings (public scalar attributes and ``extra_repr``: GGUF block types, ISA, tiling) and
-  tensor shapes and dtypes, plus its weights mode (fp32 / ``native``), linear backend
-  (oneDNN-prepacked or not) and ``torch.compile`` state: a plan that changes kernels gets a new
-  curve;
+  tensor shapes and dtypes, plus its weights mode (fp32 / ``native``), numerics profile
+  (``Transformer.set_numerics``), linear backend (oneDNN-prepacked or not) and ``torch.compile``
+  state: a plan that changes kernels gets a new curve;
 * the attention kind, the calibration shape (cached tokens, row counts) and :data:`CURVE_VERSION`.
 
 A curve is cached only when measured on a quiet machine (other processes' load, sampled with
@@ -146,10 +146,11 @@ def curve_key(model: Transformer, attention: str, context: int, rows: tuple[int,
     """The cache key of a curve (see the module docstring); readable up to the model's hash."""
     weights = "native" if model.native else str(model.dtype).replace("torch.", "")
     linear = "onednn" if model.prepacked else "torch"
+    numerics = getattr(model, "_numerics", "fp32")  # Transformer.set_numerics
     return (
         f"{machine_key(model.device)}|model={model_fingerprint(model)}|weights={weights}|"
-        f"linear={linear}|compiled={model.compiled}|attention={attention}|context={context}|"
-        f"rows={','.join(map(str, rows))}|v{CURVE_VERSION}"
+        f"numerics={numerics}|linear={linear}|compiled={model.compiled}|attention={attention}|"
+        f"context={context}|rows={','.join(map(str, rows))}|v{CURVE_VERSION}"
     )
 
 
