@@ -1,8 +1,8 @@
 // Int8-activation profile: Q8 activation rows and the integer weight terms shared by every path.
 //
 // Activations are quantized per row in blocks of 32 (sp_q8_quantize): d = max|x| / 127 (fp32
-// division), id = d != 0 ? 1 / d : 0, q = nearbyint(x * id) (round half to even, the default
-// rounding mode), s = d * (float)sum(q). A weight block of 32 gives integers w[32] and floats
+// division), id = d != 0 ? 1 / d : 0, q = x * id rounded to an integer, half to even (as
+// nearbyint in the default rounding mode), s = d * (float)sum(q); x must be finite. A weight block of 32 gives integers w[32] and floats
 // a (scale) and b (min; 0 when the type has none), so that the block's exact contribution
 // sum(w_dequant * x_dequant) is a * d * isum + b * s, with isum an exact int32 dot product
 // (Q6_K: isum = sc0 * dot(lo 16) + sc1 * dot(hi 16), its two integer sub-scales folded in).

@@ -113,12 +113,12 @@ struct WQ6_K {
   }
 };
 
-// Eight int32 partial sums of one block's dot product (exact).
+// Eight int32 partial sums of one block's dot product (exact); wa = |w| (signed types).
 template <class W>
-inline __m256i block_dot(__m256i w, __m256i x, __m256i sc) {
+inline __m256i block_dot(__m256i w, __m256i wa, __m256i x, __m256i sc) {
   __m256i p16;
   if constexpr (W::kSigned) {
-    p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, w));
   } else {
     p16 = _mm256_maddubs_epi16(w, x);
   }
@@ -158,18 +158,21 @@ void tile(const sp::Q8GemmArgs& a, int64_t r0, int64_t c0) {
     }
     for (int c = 0; c < CN; ++c) {
       const uint8_t* row = a.w + (c0 + c) * a.row_bytes;
-      alignas(32) float aw[8] = {}, bw[8] = {};
-      __m256i wq[8], sc[8];
+      float aw[8] = {}, bw[8] = {};
+      __m256i wq[8], wa[8], sc[8];
       for (int b = 0; b < 8; ++b) {
         sc[b] = _mm256_setzero_si256();
         wq[b] = b < cnt ? W::load(row, g + b, &aw[b], &bw[b], &sc[b]) : _mm256_setzero_si256();
+        wa[b] = W::kSigned ? _mm256_sign_epi8(wq[b], wq[b]) : wq[b];  // |w|, once per column
       }
-      const __m256 awv = _mm256_load_ps(aw), bwv = _mm256_load_ps(bw);
+      const __m256 awv = _mm256_setr_ps(aw[0], aw[1], aw[2], aw[3], aw[4], aw[5], aw[6], aw[7]);
+      const __m256 bwv = _mm256_setr_ps(bw[0], bw[1], bw[2], bw[3], bw[4], bw[5], bw[6], bw[7]);
       for (int r = 0; r < RB; ++r) {
         const int8_t* qx = a.x.q + (r0 + r) * a.x.k + 32 * g;
         __m256i v[8];
         for (int b = 0; b < 8; ++b) {
-          v[b] = b < cnt ? block_dot<W>(wq[b], load32(qx + 32 * b), sc[b]) : _mm256_setzero_si256();
+          v[b] = b < cnt ? block_dot<W>(wq[b], wa[b], load32(qx + 32 * b), sc[b])
+                         : _mm256_setzero_si256();
         }
         const __m256 isum = _mm256_cvtepi32_ps(hsum8(v));
         __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(awv, dx[r]), isum, acc[r][c]);

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <tuple>
+#include <vector>
 
 #include "gemm_q8.h"
 
@@ -71,10 +72,12 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   const int64_t m = x.size(0);
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
-  auto [q, d, s] = q8_quantize(x);
+  const int64_t nb = k / 32;
+  std::vector<int8_t> q(static_cast<size_t>(m * k));
+  std::vector<float> ds(static_cast<size_t>(2 * m * nb));
+  sp_q8_quantize(x.data_ptr<float>(), m, k, q.data(), ds.data(), ds.data() + m * nb);
   const sp::Q8GemmArgs a{qt,
-                         sp::Q8Rows{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(),
-                                    m, k},
+                         sp::Q8Rows{q.data(), ds.data(), ds.data() + m * nb, m, k},
                          blocks.data_ptr<uint8_t>(),
                          rb,
                          bp,
