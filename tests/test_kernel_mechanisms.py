@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -300,3 +301,22 @@ def test_planted_lane_width_differs_in_bits_only() -> None:
     assert torch.allclose(y8, y4, atol=1e-4) and not torch.equal(y8, y4)
     exact = x.double() @ w.double().T
     np.testing.assert_allclose(y4.double().numpy(), exact.numpy(), atol=1e-4)
+
+
+# -- optimize runs the target (and every trial child) in one weights mode ------------------------
+
+
+def test_optimize_weights_reach_the_trial_children(tmp_path: Path) -> None:
+    from specpilot.pilot.config import OptimizeConfig
+    from specpilot.pilot.coordinator import Coordinator
+
+    cfg = OptimizeConfig(out=str(tmp_path / "run"), weights="native")
+    assert OptimizeConfig.from_json(cfg.to_json()) == cfg
+    old = cfg.to_json()
+    del old["weights"]  # a run journaled before the field existed resumes with the default
+    assert OptimizeConfig.from_json(old).weights == "auto"
+    with pytest.raises(ConfigError, match="--weights must be one of"):
+        OptimizeConfig(out=str(tmp_path / "bad"), weights="int4")
+    coord = Coordinator(cfg)
+    coord.builtin = SimpleNamespace(child_extras=lambda plan, steps: ((), (), ""))
+    assert coord.spec(Plan().to_json()).weights == "native"

@@ -40,6 +40,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description=DESCRIPTION)  # fmt: skip
     p.add_argument("--model", default=DEFAULT_MODEL, help="model (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    p.add_argument("--weights", default="auto", choices=["auto", "fp32", "native"],
+                   help="GGUF weights of the target, in the loop and every trial (see bench "
+                   "--weights; default: %(default)s)")  # fmt: skip
     p.add_argument("--drafter", default=None, help="start plan's drafter (default: the plan's)")
     p.add_argument("--start-plan", default=None, help="plan.json (or a run dir) to start from")
     src = p.add_mutually_exclusive_group()
@@ -141,7 +144,8 @@ def _config(args: argparse.Namespace) -> Any:
     fields = dict(
         out=str(out), model=_model_ref(args.model), memory=memory, texts=tuple(texts),
         start_plan=start, drafter=args.drafter, budget_minutes=args.budget_minutes,
-        workers=workers, executor=args.executor, device=args.device, seed=args.seed,
+        workers=workers, executor=args.executor, device=args.device, weights=args.weights,
+        seed=args.seed,
         max_new_tokens=args.max_new_tokens, candidates_per_round=args.candidates,
         max_rounds=args.max_rounds, limits=limits, modules=tuple(args.mechanisms),
         python_path=tuple(args.python_path), registry=not args.no_registry,

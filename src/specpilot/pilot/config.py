@@ -39,6 +39,8 @@ class OptimizeConfig:
     workers: int = 1
     executor: str = "local"
     device: str = "cpu"
+    weights: str = "auto"
+    """``load_model``'s weights mode for the parent and every trial child (auto / fp32 / native)."""
     seed: int = 0
     holdout_fraction: float = 0.3
     max_new_tokens: int = 64
@@ -86,6 +88,12 @@ class OptimizeConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.holdout_fraction < 1:
             raise ConfigError("holdout_fraction must be strictly between 0 and 1")
+        from specpilot.loading import WEIGHTS
+
+        if self.weights not in WEIGHTS:
+            raise ConfigError(
+                f"--weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}"
+            )
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -130,7 +130,7 @@ class Coordinator:
         from specpilot.workloads import Prompt, split_holdout
 
         cfg = self.cfg
-        self.loaded = load_model(cfg.model, device=cfg.device)
+        self.loaded = load_model(cfg.model, device=cfg.device, weights=cfg.weights)
         if cfg.texts and not cfg.prompts:
             tok = self.loaded.tokenizer
             enc = tuple((pid, tuple(tok.encode_prompt(t, chat=c))) for pid, t, c in cfg.texts)
@@ -207,7 +207,7 @@ class Coordinator:
             m, p, b = ex.child_extras(plan, steps_t)
             mods, path, box = (*mods, *m), (*path, *p), box or b
         return ChildSpec(self.cfg.model, dict(plan), steps_t, (*self.cfg.modules, *mods),
-                         (*self.cfg.python_path, *path), box)  # fmt: skip
+                         (*self.cfg.python_path, *path), box, self.cfg.weights)  # fmt: skip
 
     # -- the loop --------------------------------------------------------------------------------
 
