@@ -48,7 +48,7 @@ class AttentionImpl:
         if not ctx.on_gpu and p.choices == (plan.engine.resolved_attention,):
             return (
                 f"on CPU sdpa changes the target's numerics outside the contract (no candidate) "
-                f"and the plan already runs {p.choices[0]}, the only other kind here"
+                f"and the plan already runs {p.choices[0]}, the only kind left here"
             )
         return None
 
