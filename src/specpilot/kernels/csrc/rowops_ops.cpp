@@ -39,13 +39,20 @@ bool pick_avx2(int64_t isa) {
 // Rows of `n` elements each thread takes at least (small calls stay on one thread).
 int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n)); }
 
-// A float32 CPU tensor viewed as rows of its last dimension (any leading shape, unit inner
-// stride, rows at one stride); a copy only when it is not already like that.
-at::Tensor as_rows(const at::Tensor& t, const char* what) {
+// A float32 CPU tensor as rows of its last dimension (any leading shape): its data when it is
+// contiguous (no view is made: no dispatcher call), else a contiguous copy.
+struct Rows {
+  at::Tensor t;  // keeps a copy alive
+  float* p;
+  int64_t rows, n;
+};
+
+Rows as_rows(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() >= 1,
               "specpilot: ", what, " must be a CPU float32 tensor");
-  at::Tensor r = t.reshape({-1, t.size(-1)});
-  if (r.stride(1) != 1 || (r.size(0) > 1 && r.stride(0) < r.size(1))) r = r.contiguous();
+  Rows r{t.is_contiguous() ? t : t.contiguous(), nullptr, 0, t.size(-1)};
+  r.p = r.t.data_ptr<float>();
+  r.rows = r.n > 0 ? r.t.numel() / r.n : 0;
   return r;
 }
 
@@ -75,23 +82,23 @@ std::tuple<at::Tensor, at::Tensor> norm_impl(const at::Tensor& x_in,
                                              const c10::optional<at::Tensor>& res_in,
                                              const at::Tensor& w_in, double eps, bool offset,
                                              int64_t isa) {
-  const at::Tensor x = as_rows(x_in, "x");
-  const int64_t rows = x.size(0), n = x.size(1);
-  const at::Tensor w = check_weight(w_in, n, "the norm weight");
-  at::Tensor y = at::empty(x_in.sizes(), x.options());
-  at::Tensor h, res;
-  SpNormArgs a{x.data_ptr<float>(), x.stride(0), nullptr, 0, nullptr, w.data_ptr<float>(),
-               y.data_ptr<float>(), n, static_cast<float>(eps), offset ? 1 : 0};
+  const Rows x = as_rows(x_in, "x");
+  const at::Tensor w = check_weight(w_in, x.n, "the norm weight");
+  at::Tensor y = at::empty(x_in.sizes(), x.t.options());
+  at::Tensor h;
+  SpNormArgs a{x.p, x.n, nullptr, 0, nullptr, w.data_ptr<float>(), y.data_ptr<float>(), x.n,
+               static_cast<float>(eps), offset ? 1 : 0};
+  Rows res{};
   if (res_in.has_value()) {
     TORCH_CHECK(res_in->sizes() == x_in.sizes(), "specpilot: residual shape ", res_in->sizes(),
                 " does not match x ", x_in.sizes());
     res = as_rows(*res_in, "the residual");
-    h = at::empty_like(y);
-    a.res = res.data_ptr<float>();
-    a.res_stride = res.stride(0);
+    h = at::empty(x_in.sizes(), x.t.options());
+    a.res = res.p;
+    a.res_stride = res.n;
     a.h = h.data_ptr<float>();
   }
-  if (rows > 0) run_rows(&sp_norm_scalar, SP_AVX2_FN(sp_norm_avx2), a, rows, n, isa);
+  if (x.rows > 0) run_rows(&sp_norm_scalar, SP_AVX2_FN(sp_norm_avx2), a, x.rows, x.n, isa);
   return {h, y};
 }
 
@@ -112,11 +119,11 @@ at::Tensor rope_qk(const at::Tensor& q_in, const at::Tensor& k_in, int64_t k_off
                    const c10::optional<at::Tensor>& k_w_in, double eps, bool offset,
                    int64_t isa) {
   TORCH_CHECK(hd > 0 && hd % 2 == 0 && hd <= 1024, "specpilot: head_dim must be even, <= 1024");
-  const at::Tensor q = as_rows(q_in, "q");
-  const at::Tensor k = as_rows(k_in, "k");
-  const int64_t rows = q.size(0);
-  TORCH_CHECK(k.size(0) == rows, "specpilot: q and k must have the same number of rows");
-  TORCH_CHECK(q.size(1) >= n_q * hd && k_offset >= 0 && k.size(1) >= k_offset + n_k * hd,
+  const Rows q = as_rows(q_in, "q");
+  const Rows k = as_rows(k_in, "k");
+  const int64_t rows = q.rows;
+  TORCH_CHECK(k.rows == rows, "specpilot: q and k must have the same number of rows");
+  TORCH_CHECK(q.n >= n_q * hd && k_offset >= 0 && k.n >= k_offset + n_k * hd,
               "specpilot: rows too short for ", n_q, " q and ", n_k, " k heads of ", hd);
   const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
@@ -125,9 +132,8 @@ at::Tensor rope_qk(const at::Tensor& q_in, const at::Tensor& k_in, int64_t k_off
   at::Tensor qw, kw;
   if (q_w_in.has_value()) qw = check_weight(*q_w_in, hd, "the q norm weight");
   if (k_w_in.has_value()) kw = check_weight(*k_w_in, hd, "the k norm weight");
-  at::Tensor y = at::empty({rows, n_q + n_k, hd}, q.options());
-  const SpRopeArgs a{q.data_ptr<float>(), q.stride(0), k.data_ptr<float>() + k_offset,
-                     k.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(),
+  at::Tensor y = at::empty({rows, n_q + n_k, hd}, q.t.options());
+  const SpRopeArgs a{q.p, q.n, k.p + k_offset, k.n, cos.data_ptr<float>(), sin.data_ptr<float>(),
                      qw.defined() ? qw.data_ptr<float>() : nullptr,
                      kw.defined() ? kw.data_ptr<float>() : nullptr, static_cast<float>(eps),
                      offset ? 1 : 0, n_q, n_k, hd, y.data_ptr<float>()};
@@ -140,30 +146,26 @@ at::Tensor glu(const at::Tensor& gate_in, const c10::optional<at::Tensor>& up_in
                int64_t isa) {
   TORCH_CHECK(kind == sp_row::kSilu || kind == sp_row::kGeluTanh,
               "specpilot: glu kind must be 0 (SiLU) or 1 (GELU-tanh)");
-  const at::Tensor g = as_rows(gate_in, "gate");
-  const int64_t rows = g.size(0);
-  int64_t n = g.size(1);
+  const Rows g = as_rows(gate_in, "gate");
+  int64_t n = g.n;
+  Rows u{};
   const float* up = nullptr;
-  int64_t up_stride = 0;
-  at::Tensor u;
+  int64_t up_stride = g.n;
   if (up_in.has_value()) {
     TORCH_CHECK(up_in->sizes() == gate_in.sizes(), "specpilot: up shape ", up_in->sizes(),
                 " does not match gate ", gate_in.sizes());
     u = as_rows(*up_in, "up");
-    up = u.data_ptr<float>();
-    up_stride = u.stride(0);
+    up = u.p;
   } else {
     TORCH_CHECK(n % 2 == 0, "specpilot: a fused gate_up row must have an even length");
     n /= 2;
-    up = g.data_ptr<float>() + n;
-    up_stride = g.stride(0);
+    up = g.p + n;
   }
   std::vector<int64_t> shape(gate_in.sizes().begin(), gate_in.sizes().end());
   shape.back() = n;
-  at::Tensor y = at::empty(shape, g.options());
-  const SpGluArgs a{g.data_ptr<float>(), g.stride(0), up, up_stride, y.data_ptr<float>(), n,
-                    static_cast<int>(kind)};
-  if (rows > 0) run_rows(&sp_glu_scalar, SP_AVX2_FN(sp_glu_avx2), a, rows, n, isa);
+  at::Tensor y = at::empty(shape, g.t.options());
+  const SpGluArgs a{g.p, g.n, up, up_stride, y.data_ptr<float>(), n, static_cast<int>(kind)};
+  if (g.rows > 0) run_rows(&sp_glu_scalar, SP_AVX2_FN(sp_glu_avx2), a, g.rows, n, isa);
   return y;
 }
 
