@@ -6,7 +6,7 @@ registrations (:data:`OP_UNITS`: ``ops.cpp`` defines the ``specpilot`` library, 
 it with ``TORCH_LIBRARY_FRAGMENT``) are built by ``torch.utils.cpp_extension.load`` and linked with
 them. Every unit gets
 ``-ffp-contract=off``: no multiply-add is fused unless the source says so. The build directory is
-``<parent of $SPECPILOT_CACHE>/kernels/<key>`` (else ``~/.cache/specpilot/kernels/<key>``); the key
+``$SPECPILOT_KERNELS_DIR/<key>`` (else ``~/.cache/specpilot/kernels/<key>``); the key
 hashes the sources, the flags, the compiler and the torch version, so a changed input builds anew.
 Failure is never raised: :func:`load` returns the one-line reason and callers fall back to fp32.
 """
@@ -46,10 +46,16 @@ _lock = threading.Lock()
 _state: dict[str, str | None] = {}
 
 
+KERNELS_ENV = "SPECPILOT_KERNELS_DIR"
+
+
 def build_root() -> Path:
-    env = os.environ.get("SPECPILOT_CACHE")
+    """``$SPECPILOT_KERNELS_DIR``, else ``~/.cache/specpilot/kernels``. Deliberately not under
+    ``$SPECPILOT_CACHE``: a build is keyed by its inputs, so every model cache (a test's temporary
+    one included) can share it instead of compiling for minutes again."""
+    env = os.environ.get(KERNELS_ENV)
     if env:
-        return Path(env).expanduser().parent / "kernels"
+        return Path(env).expanduser()
     return Path.home() / ".cache" / "specpilot" / "kernels"
 
 
