@@ -16,7 +16,9 @@ KERNEL_CLASSES = ("qkv", "attention", "o_proj", "gate_up", "down", "lm_head")
 """Named profiler ranges of one forward (the cost model's kernel classes). ``qkv`` holds the input
 RMSNorm, the q/k/v projection, q/k norms and RoPE; ``attention`` the cache write and SDPA;
 ``gate_up`` the post-attention RMSNorm, the gate/up projection and SiLU x up; ``lm_head`` the
-final RMSNorm and the LM head. Residual adds and the embedding gather stay outside (glue)."""
+final RMSNorm and the LM head. Residual adds and the embedding gather stay outside (glue), except
+that with the row ops on (:mod:`specpilot.kernels.rowops`) the post-attention residual add is one
+op with the norm in ``gate_up``."""
 
 _ranges_on = False
 _NO_RANGE = contextlib.nullcontext()
