@@ -1,6 +1,6 @@
 // AVX2 + FMA batch-invariant attention, bit-identical to the portable path (attention_scalar.cpp).
 //
-// The R = 4, 2 or 1 query heads of one kv group at one (b, t) run as a tile: they share the key
+// The R = 4, 3, 2 or 1 query heads of one kv group at one (b, t) run as a tile: they share the key
 // list, each K and V load, and nothing else. Scores: blocks of 8 / R keys, one __m256
 // accumulator per (row, key) (lane i gets the elements d = 8t + i, increasing t,
 // _mm256_fmadd_ps), then reduce8x8 does the contract's pairwise reduction for all eight at once
@@ -65,7 +65,8 @@ inline __m256 reduce8x8(const __m256* v) {
 }
 
 // Scores of R rows (same kv head and mask row) against their visible keys, KB = 8 / R keys per
-// block: the R * KB accumulators share each key load and are reduced together by reduce8x8.
+// block: the R * KB accumulators (6 of the 8 when R = 3) share each key load and are reduced
+// together by reduce8x8.
 template <int R>
 void scores(const sp::AttnArgs& a, const float* const* q, const float* k, const int32_t* idx,
             int64_t n, float* const* s) {
@@ -215,7 +216,7 @@ extern "C" void sp_attention_avx2(const sp::AttnArgs* a, int64_t r0, int64_t r1,
     sp_attention_scalar(a, r0, r1, work, idx);
     return;
   }
-  // rows in (b, t, h) order; the heads of one kv group run together in tiles of 4, 2 or 1
+  // rows in (b, t, h) order; the heads of one kv group run together in tiles of 4, 3, 2 or 1
   const int64_t group = a->H / a->Hk;
   int64_t r = r0;
   while (r < r1) {
@@ -224,7 +225,10 @@ extern "C" void sp_attention_avx2(const sp::AttnArgs* a, int64_t r0, int64_t r1,
     if (left >= 4) {
       tile<4>(*a, b, t, h, work, idx);
       r += 4;
-    } else if (left >= 2) {
+    } else if (left == 3) {
+      tile<3>(*a, b, t, h, work, idx);
+      r += 3;
+    } else if (left == 2) {
       tile<2>(*a, b, t, h, work, idx);
       r += 2;
     } else {
