@@ -232,6 +232,18 @@ def test_custom_op_traces_under_torch_compile() -> None:
 # -- the model ------------------------------------------------------------------------------------
 
 
+def test_model_forward_traces_under_torch_compile() -> None:
+    """The whole forward with attention fixed is one graph (the op's fake kernel), same bits."""
+    model = tiny_model("llama", seed=1, dim=64, n_heads=4, n_kv_heads=2)
+    model.setup_cache(32, attention="fixed")
+    ids, pos = torch.tensor([[5, 9, 2, 7, 7, 1]]), torch.arange(6)[None]
+    mask = causal_mask(0, 6, 6, model.device)
+    with torch.no_grad():
+        want = model(ids, pos, 0, 6, mask).logits
+        compiled = torch.compile(model.forward, backend="aot_eager", fullgraph=True)
+        assert torch.equal(compiled(ids, pos, 0, 6, mask).logits, want)
+
+
 def test_auto_picks_fixed_on_cpu_and_model_matches_exact() -> None:
     assert EngineConfig().resolved_attention == "fixed"
     model = tiny_model("llama", seed=2, dim=64, n_heads=4, n_kv_heads=2)
