@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import specpilot.engine as engine_mod
-import specpilot.model as model_mod
+import specpilot.kernels.rowops as rowops_mod
 from specpilot import cli_profile
 from specpilot.costmodel import CostReport, Hardware, LossyPlanError, ProfileConfig, profile
 from specpilot.costmodel import factors as factors_mod
@@ -335,7 +335,8 @@ def test_sleep_in_a_range_raises_that_class_and_the_kernel_factor(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     base = _profile("none", tokens=16)
-    monkeypatch.setattr(model_mod, "kernel_range", _sleepy_range("down", model_mod.kernel_range))
+    # the MLP, whose down range this is, lives in specpilot.kernels.rowops
+    monkeypatch.setattr(rowops_mod, "kernel_range", _sleepy_range("down", rowops_mod.kernel_range))
     slow = _profile("none", tokens=16)
     down = {r.name: r for r in base.kernels}["down"]
     down2 = {r.name: r for r in slow.kernels}["down"]
