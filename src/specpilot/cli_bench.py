@@ -127,6 +127,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         workload=workload or args.prompts,
         threads=args.threads,
         attention=engine.attention,
+        weights="native" if engine.model.native else "fp32",
         linear=args.linear,
         numerics=engine.cfg.numerics,
         device=args.device,

@@ -129,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "threads": args.threads,
         "attention": engine.attention,
+        "weights": "native" if engine.model.native else "fp32",
         "linear": args.linear,
         "numerics": engine.cfg.numerics,
         "device": args.device,
