@@ -16,8 +16,6 @@ from torch import Tensor
 from specpilot.kernels import build
 from specpilot.kernels.linear import isa_code
 
-_registered = False
-
 
 def _register_fakes() -> None:
     @torch.library.register_fake("specpilot::attention")
@@ -33,16 +31,7 @@ def _register_fakes() -> None:
 def ops() -> Any:
     """``torch.ops.specpilot`` with the attention ops' fake kernels registered (else
     RuntimeError with the one-line reason the kernels are unavailable)."""
-    global _registered
-    if _registered:  # loaded before: no lock to take (torch.compile traces through this)
-        return torch.ops.specpilot
-    reason = build.load()
-    if reason is not None:
-        raise RuntimeError(reason)
-    if not _registered:
-        _register_fakes()
-        _registered = True
-    return torch.ops.specpilot
+    return build.ops("attention", _register_fakes)
 
 
 def fixed_attention(

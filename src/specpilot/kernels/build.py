@@ -20,7 +20,9 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -44,6 +46,8 @@ BUILD_VERSION = 2
 
 _lock = threading.Lock()
 _state: dict[str, str | None] = {}
+_fakes: dict[str, bool] = {}
+"""Op groups whose fake kernels are registered (see :func:`ops`)."""
 
 
 KERNELS_ENV = "SPECPILOT_KERNELS_DIR"
@@ -123,6 +127,22 @@ def _build() -> None:
         is_python_module=False,
         verbose=False,
     )
+
+
+def ops(group: str, register_fakes: Callable[[], None]) -> Any:
+    """``torch.ops.specpilot`` built and loaded, with the fake (meta) kernels of the op group
+    ``group`` registered once by ``register_fakes`` (torch.compile traces the ops through them).
+    Raises RuntimeError with the one-line reason when the kernels are unavailable."""
+    if _fakes.get(group):  # loaded before: no lock to take (torch.compile traces through this)
+        return torch.ops.specpilot
+    reason = load()
+    if reason is not None:
+        raise RuntimeError(reason)
+    with _lock:
+        if not _fakes.get(group):
+            register_fakes()
+            _fakes[group] = True
+    return torch.ops.specpilot
 
 
 def load() -> str | None:

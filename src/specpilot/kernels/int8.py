@@ -52,19 +52,9 @@ def int8_supports(qtype: int) -> bool:
     return int(qtype) in INT8_QTYPES
 
 
-_registered = False
-
-
 def _ops() -> Any:
     """``torch.ops.specpilot``, built and loaded, int8 fakes registered (else RuntimeError)."""
-    global _registered
-    reason = build.load()
-    if reason is not None:
-        raise RuntimeError(reason)
-    if not _registered:
-        register_fakes()
-        _registered = True
-    return torch.ops.specpilot
+    return build.ops("int8", register_fakes)
 
 
 def q8_op() -> Any:

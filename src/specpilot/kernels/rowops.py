@@ -30,20 +30,10 @@ from specpilot.profiling import kernel_range
 GLU_KINDS = {"silu": 0, "gelu_tanh": 1}
 """``glu`` activation codes: SiLU (SwiGLU) and GELU with the tanh approximation (GeGLU)."""
 
-_registered = False
-
-
 def ops() -> Any:
     """``torch.ops.specpilot`` with the row ops loaded and their fakes registered (else
     RuntimeError with the one-line reason)."""
-    global _registered
-    reason = build.load()
-    if reason is not None:
-        raise RuntimeError(reason)
-    if not _registered:
-        _register_fakes()
-        _registered = True
-    return torch.ops.specpilot
+    return build.ops("rowops", _register_fakes)
 
 
 def _register_fakes() -> None:
