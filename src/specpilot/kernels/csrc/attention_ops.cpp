@@ -11,25 +11,11 @@
 #include <vector>
 
 #include "attention.h"
+#include "isa.h"
 
 namespace {
 
-bool attn_has_avx2() {
-#if defined(SP_NO_AVX2)
-  return false;
-#elif defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-
-bool use_avx2(int64_t isa) {
-  TORCH_CHECK(isa >= 0 && isa <= 2, "specpilot: isa must be 0 (auto), 1 (portable) or 2 (avx2)");
-  const bool avx2 = isa == 2 || (isa == 0 && attn_has_avx2());
-  TORCH_CHECK(!avx2 || attn_has_avx2(), "specpilot: the AVX2 path is not available here");
-  return avx2;
-}
+using sp::use_avx2;
 
 at::Tensor last_contiguous(const at::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
 

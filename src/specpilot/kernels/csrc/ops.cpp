@@ -9,19 +9,11 @@
 #include <string>
 
 #include "formats.h"
+#include "isa.h"
 
 namespace {
 
-bool cpu_has_avx2() {
-#if defined(SP_NO_AVX2)
-  return false;
-#elif defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
-}
+using sp::cpu_has_avx2;
 
 int64_t row_bytes(int64_t qtype, int64_t k) {
   const int be = sp::block_elems(static_cast<int>(qtype));
@@ -70,9 +62,7 @@ at::Tensor gguf_matmul(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   at::Tensor y = at::empty({x.size(0), n}, x.options());
   const sp::GemmArgs a = make_args(x, blocks, qtype, n, k, bias, y);
   if (a.m == 0) return y;
-  const bool avx2 = isa == 2 || (isa == 0 && cpu_has_avx2());
-  TORCH_CHECK(!avx2 || cpu_has_avx2(), "specpilot: the AVX2 path is not available here");
-  TORCH_CHECK(isa >= 0 && isa <= 2, "specpilot: isa must be 0 (auto), 1 (portable) or 2 (avx2)");
+  const bool avx2 = sp::use_avx2(isa);
   const int rt = row_tile > 0 ? static_cast<int>(row_tile) : (a.m == 1 ? 1 : 4);
   const int ct = col_tile > 0 ? static_cast<int>(col_tile) : (a.m == 1 ? 4 : 2);
   at::parallel_for(0, n, grain(a.m, k), [&](int64_t n0, int64_t n1) {

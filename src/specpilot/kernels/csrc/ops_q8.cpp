@@ -12,19 +12,10 @@
 #include <vector>
 
 #include "gemm_q8.h"
+#include "isa.h"
 
 namespace {
 
-bool q8_cpu_has_avx2() {
-#if defined(SP_NO_AVX2)
-  return false;
-#elif defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
-}
 
 void check_x(const at::Tensor& x, int64_t k) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
@@ -60,9 +51,7 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte &&
                   blocks.is_contiguous() && blocks.numel() == n * rb,
               "specpilot: blocks must be a contiguous CPU uint8 tensor of ", n * rb, " bytes");
-  TORCH_CHECK(isa >= 0 && isa <= 2, "specpilot: isa must be 0 (auto), 1 (portable) or 2 (avx2)");
-  const bool avx2 = isa == 2 || (isa == 0 && q8_cpu_has_avx2());
-  TORCH_CHECK(!avx2 || q8_cpu_has_avx2(), "specpilot: the AVX2 path is not available here");
+  const bool avx2 = sp::use_avx2(isa);
   const float* bp = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == n && bias->is_contiguous(),

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "isa.h"
 #include "rowops.h"
 
 #if defined(SP_NO_AVX2)
@@ -19,22 +20,7 @@
 
 namespace {
 
-bool row_avx2() {
-#if defined(SP_NO_AVX2)
-  return false;
-#elif defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-
-bool pick_avx2(int64_t isa) {
-  TORCH_CHECK(isa >= 0 && isa <= 2, "specpilot: isa must be 0 (auto), 1 (portable) or 2 (avx2)");
-  const bool avx2 = isa == 2 || (isa == 0 && row_avx2());
-  TORCH_CHECK(!avx2 || row_avx2(), "specpilot: the AVX2 path is not available here");
-  return avx2;
-}
+bool pick_avx2(int64_t isa) { return sp::use_avx2(isa); }
 
 // Rows of `n` elements each thread takes at least (small calls stay on one thread).
 int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n)); }
