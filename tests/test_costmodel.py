@@ -430,6 +430,10 @@ def test_collect_attributes_nested_ranges_to_prefill_and_drafter() -> None:
     assert ct.corrected(1e-6) == pytest.approx(
         {"prefill": 97e-6, "drafter": 28e-6, "qkv": 38e-6, "down": 9e-6}
     )
+    # an inflated cost per event takes a class down to half its recorded time, never to 0
+    assert ct.corrected(100e-6) == pytest.approx(
+        {"prefill": 50e-6, "drafter": 15e-6, "qkv": 20e-6, "down": 5e-6}
+    )
 
 
 def test_ranges_are_off_by_default() -> None:

@@ -48,6 +48,10 @@ RANGE_NAMES = frozenset((*KERNEL_CLASSES, *OUTER))
 R = TypeVar("R")
 
 
+MAX_CORRECTION = 0.5
+"""The largest share of a class's recorded time the profiler correction may remove."""
+
+
 @dataclass
 class ClassTimes:
     """Accumulated time per range name, as recorded (profiler overhead included)."""
@@ -69,9 +73,13 @@ class ClassTimes:
         self.draft_o_proj += other.draft_o_proj
 
     def corrected(self, per_event_s: float) -> dict[str, float]:
-        """Seconds per class with ``per_event_s`` removed for every event recorded inside."""
+        """Seconds per class with ``per_event_s`` removed for every event recorded inside, but
+        never more than :data:`MAX_CORRECTION` of a class's recorded time: the cost per event is
+        an average over the whole step (inflated when the machine stalls during the profiled
+        run), and a class of few fast ops (the fixed attention kernel) could otherwise read 0."""
         return {
-            k: max(0.0, s - self.events.get(k, 0) * per_event_s) for k, s in self.seconds.items()
+            k: s - min(self.events.get(k, 0) * per_event_s, MAX_CORRECTION * s)
+            for k, s in self.seconds.items()
         }
 
 
