@@ -204,7 +204,10 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        # a meta skeleton (the loaders) skips the init: normal_ on meta imports torch._dynamo
+        meta = torch.empty(0).is_meta
+        emb = torch.empty(cfg.vocab_size, cfg.dim) if meta else None
+        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=emb)
         self.model.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.model.norm = RMSNorm(cfg.dim, cfg.rms_eps, cfg.gemma)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
