@@ -17,6 +17,16 @@ other (non-causal within the block).
 
 Attention is plain SDPA over explicit keys with a boolean mask (True = may attend), so the same
 layer serves training (whole sequences) and drafting (a KV cache plus scratch rows).
+
+Native targets. When the target runs on native GGUF weights (:mod:`specpilot.loading.native`),
+:meth:`FeatureNet.attach` takes its modules instead of dense tensors and never asks for their fp32
+``.weight`` (a 113 MB copy for SmolLM2's embedding): embedding lookups run through the target's
+:class:`~specpilot.kernels.GGUFEmbedding` (only the rows read are dequantized) and the LM head is a
+:class:`~specpilot.kernels.GGUFLinear` over the block rows of the draft vocabulary (the target's
+head itself when the draft vocabulary is the whole one), run by the native GEMM. That path is
+inference only (no gradient reaches the drafter through it; training attaches dense tensors). The
+drafter's logits then follow the kernels' summation order rather than oneDNN's, so drafts may differ
+slightly from those over dense tensors; the target verifies every token, so the output does not.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specpilot import kernels
 from specpilot.errors import DrafterError
 
 KINDS = ("head", "block")
@@ -196,11 +207,15 @@ class FeatureNet(nn.Module):
             "vocab_ids", torch.arange(cfg.draft_vocab or cfg.vocab_size), persistent=True
         )
         self.embed: Tensor | None = None
-        """(vocab, dim) the target's token embedding (frozen, attached)."""
+        """(vocab, dim) the target's token embedding (frozen, attached; None when native)."""
         self.head: Tensor | None = None
-        """(draft_vocab, dim) the target's LM-head rows of ``vocab_ids`` (frozen, attached)."""
+        """(draft_vocab, dim) the target's LM-head rows of ``vocab_ids`` (frozen, attached;
+        None when native)."""
         self.head_fn: Any = None
         """Optional fast callable for inference (a prepacked linear over ``head``)."""
+        self.native: tuple[Any, Any] = (None, None)
+        """(embedding, LM head) native modules of a GGUF target used in place of ``embed`` /
+        ``head`` (a tuple, so they are not registered: never saved, moved or counted here)."""
 
     def init_weights(self, seed: int, std: float = 0.02) -> None:
         g = torch.Generator().manual_seed(seed)
@@ -215,16 +230,36 @@ class FeatureNet(nn.Module):
                     if name.endswith("o.weight") or name.endswith("down.weight"):
                         p.mul_(0.5)
 
-    def attach(self, embed: Tensor, head: Tensor) -> None:
-        """Share the target's embedding (vocab, dim) and full LM head (vocab, dim)."""
-        if embed.shape[-1] != self.cfg.dim or head.shape[-1] != self.cfg.dim:
+    def attach(self, embed: Tensor | nn.Module, head: Tensor | nn.Module) -> None:
+        """Share the target's embedding and full LM head: dense (vocab, dim) tensors, or a native
+        target's :class:`~specpilot.kernels.GGUFEmbedding` / :class:`~specpilot.kernels.GGUFLinear`
+        used in place (see the module docstring; a drafter that is not float32 reads their
+        ``.weight``)."""
+        dims = (_width(embed, "embedding_dim"), _width(head, "in_features"))
+        if dims != (self.cfg.dim, self.cfg.dim):
             raise DrafterError(
-                f"drafter hidden size {self.cfg.dim} does not match the target's {embed.shape[-1]}"
+                f"drafter hidden size {self.cfg.dim} does not match the target's {dims[0]}"
             )
         dt = self.norm.weight.dtype  # the drafter's own dtype (targets may run in bf16)
-        self.embed = embed.detach().to(dt)
-        self.head = head.detach()[self.vocab_ids.to(head.device)].to(dt).contiguous()
+        in_place = dt == torch.float32
+        emb_mod = embed if in_place and isinstance(embed, kernels.GGUFEmbedding) else None
+        head_mod = head if in_place and isinstance(head, kernels.GGUFLinear) else None
+        self.embed = None if emb_mod is not None else _dense(embed).detach().to(dt)
+        self.head = None
+        if head_mod is not None:
+            head_mod = draft_rows(head_mod, self.vocab_ids)
+        else:
+            w = _dense(head).detach()
+            self.head = w[self.vocab_ids.to(w.device)].to(dt).contiguous()
+        self.native = (emb_mod, head_mod)
         self.head_fn = None
+
+    @property
+    def attached(self) -> bool:
+        """Whether the target's embedding and LM head are attached (dense or native)."""
+        return (self.embed is not None or self.native[0] is not None) and (
+            self.head is not None or self.native[1] is not None
+        )
 
     def pack(self) -> bool:
         """Inference-only oneDNN-prepacked copies of every linear (fp32 CPU; the LM-head rows in
@@ -255,14 +290,46 @@ class FeatureNet(nn.Module):
 
     def step_input(self, g: Tensor, tokens: Tensor) -> Tensor:
         """Layer input from a feature ``g`` (B, T, dim) and the token that follows it (B, T)."""
-        assert self.embed is not None, "attach() the target's embedding first"
-        e = F.embedding(tokens, self.embed)
+        if self.native[0] is not None:
+            e = self.native[0](tokens)
+        else:
+            assert self.embed is not None, "attach() the target's embedding first"
+            e = F.embedding(tokens, self.embed)
         return fast_linear(self, "in_proj", torch.cat([self.norm_e(e), self.norm_g(g)], dim=-1))
 
     def logits(self, h: Tensor) -> Tensor:
         """Draft-vocabulary logits (..., draft_vocab) of layer outputs ``h`` (..., dim)."""
-        assert self.head is not None, "attach() the target's LM head first"
         x = self.norm(h)
+        if self.native[1] is not None:
+            return self.native[1](x)
+        assert self.head is not None, "attach() the target's LM head first"
         if self.head_fn is not None and not torch.is_grad_enabled():
             return self.head_fn(x)
         return x @ self.head.T
+
+
+def _width(table: Tensor | nn.Module, attr: str) -> int:
+    """The hidden size of a dense (n, dim) table or of a native module (its ``attr``)."""
+    return int(table.shape[-1]) if isinstance(table, Tensor) else int(getattr(table, attr))
+
+
+def _dense(table: Tensor | nn.Module) -> Tensor:
+    """A dense table as is; a module's fp32 ``.weight`` (a native one makes a copy)."""
+    return table if isinstance(table, Tensor) else table.weight
+
+
+def draft_rows(head: kernels.GGUFLinear, ids: Tensor) -> kernels.GGUFLinear:
+    """The LM head restricted to rows ``ids`` (the draft vocabulary), still in GGUF blocks: the
+    target's module itself when ``ids`` are all its rows in order, else a GGUFLinear over a copy
+    of those block rows (same type, numerics profile and schedule as ``head``)."""
+    n = head.out_features
+    ids = ids.to(torch.long).cpu()
+    if ids.numel() == n and torch.equal(ids, torch.arange(n)):
+        return head
+    rows = head.blocks.view(n, -1)[ids].reshape(-1)
+    bias = None if head.bias is None else head.bias[ids]
+    sub = kernels.GGUFLinear(rows, head.qtype, ids.numel(), head.in_features, bias,
+                             name="draft vocabulary rows")  # fmt: skip
+    sub.profile = head.profile
+    sub.set_schedule(*head.tiles)
+    return sub

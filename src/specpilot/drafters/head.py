@@ -13,6 +13,10 @@ arrive in :attr:`DraftContext.hidden`), then draft nodes go to scratch slots aft
 the committed entries plus their own ancestors (as :mod:`specpilot.drafters.draft_model`).
 Trees: chains and static trees follow rank paths; dynamic trees expand the ``topk`` best nodes per
 depth in one batched forward (EAGLE-2) and keep the best ``budget`` (:mod:`.expand`).
+
+Native targets: the drafter reads the target's GGUF embedding and LM-head blocks in place, never an
+fp32 copy (:meth:`FeatureNet.attach`); its drafts may then differ slightly from those over the
+dense weights, the target's output does not (it verifies every token).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ class FeatureDrafter:
         self.min_logp = math.log(min_prob) if min_prob > 0 else -math.inf
         self.forwards = 0
         """Drafter forwards run so far (committed-token feeds and draft depths)."""
-        if net.embed is None or net.head is None:
+        if not net.attached:
             raise DrafterError("attach the target's embedding and LM head to the drafter first")
         net.eval()
         for p in net.parameters():
@@ -51,7 +55,7 @@ class FeatureDrafter:
         self.cfg = net.cfg
         self.hidden_layers: tuple[int, ...] = tuple(net.cfg.taps)
         self.max_len = max_len
-        self.vocab_ids = net.vocab_ids.to(net.head.device)
+        self.vocab_ids = net.vocab_ids
         net.pack()
         self._k: list[Tensor] = []
         self._v: list[Tensor] = []
@@ -82,7 +86,7 @@ class FeatureDrafter:
             return
         c = self.cfg
         size = min(self.max_len, max(need, 2 * cap, 256))
-        dev, dt = self.net.head.device, self.net.head.dtype
+        dev, dt = self._where()
         shape = (1, c.n_kv_heads, size, c.head_dim)
         for lst in (self._k, self._v):
             old = list(lst)
@@ -92,6 +96,11 @@ class FeatureDrafter:
                 if old:
                     t[:, :, :cap] = old[i]
                 lst.append(t)
+
+    def _where(self) -> tuple[torch.device, torch.dtype]:
+        """The drafter's own device and dtype (those of its weights)."""
+        w = self.net.norm.weight
+        return w.device, w.dtype
 
     def _run(self, x: Tensor, pos: Tensor, start: int, kv_len: int, mask: Tensor) -> Tensor:
         """Rows ``x`` (1, T, dim) at ``pos`` (1, T) -> cache slots ``start..``; outputs."""
@@ -124,7 +133,7 @@ class FeatureDrafter:
         self._ensure(n - 1 + scratch)
         if n_new == 0 and self._last is not None:  # another tree at the same position
             return self._last
-        dev, dt = self.net.head.device, self.net.head.dtype
+        dev, dt = self._where()
         taps = torch.stack([h.to(device=dev, dtype=dt) for h in ctx.hidden], dim=1)[None]
         nxt = torch.tensor([tokens[start + 1 : n]], device=dev)  # (1, n_new)
         x = self.net.entries(taps, nxt)  # (1, n_new, dim)

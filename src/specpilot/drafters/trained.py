@@ -25,7 +25,9 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
 
+from specpilot import kernels
 from specpilot.drafters.feature_net import FeatureNet, FeatureNetConfig
 from specpilot.drafters.head import FeatureDrafter, HeadDrafter
 from specpilot.errors import DrafterError
@@ -159,6 +161,16 @@ def check_target(cfg: FeatureNetConfig, model: Transformer, fingerprint: str | N
         )
 
 
+def shared_tables(model: Transformer) -> tuple[Tensor | nn.Module, Tensor | nn.Module]:
+    """The target's embedding and LM head as a drafter shares them: its native GGUF modules
+    where it has them (used in place, no fp32 copy), else the dense (vocab, dim) tensors."""
+    emb = model.model.embed_tokens
+    head = model.lm_head
+    embed = emb if isinstance(emb, kernels.GGUFEmbedding) else emb.weight
+    native_head = isinstance(head, kernels.GGUFLinear) and not model.prepacked
+    return embed, head if native_head else model.head_weight()
+
+
 def load_trained_drafter(
     path: str | Path,
     target: Any,
@@ -167,7 +179,8 @@ def load_trained_drafter(
     min_prob: float = 0.0,
 ) -> FeatureDrafter:
     """Load a drafter directory for ``target`` (a LoadedModel or a Transformer) and share its
-    embedding and LM head. ``fingerprint`` defaults to the LoadedModel's; ``min_prob``: see
+    embedding and LM head (a native target's in place: :func:`shared_tables`). ``fingerprint``
+    defaults to the LoadedModel's; ``min_prob``: see
     :class:`~specpilot.drafters.head.FeatureDrafter` (head drafters only)."""
     from specpilot.drafters.block import BlockDrafter
 
@@ -179,7 +192,7 @@ def load_trained_drafter(
     src = str(path)
     check_target(cfg, model, fingerprint, src)
     net = build_net(cfg, state, src).to(device=model.device, dtype=model.dtype)
-    net.attach(model.model.embed_tokens.weight, model.head_weight())
+    net.attach(*shared_tables(model))
     if cfg.kind == "block":
         if min_prob:
             raise DrafterError("min_prob applies to head drafters (a block drafts in one forward)")

@@ -1,0 +1,143 @@
+"""Trained drafters on a native GGUF target: the target's embedding and LM head are used in place
+(no fp32 copy), the draft-vocabulary head runs on block rows with the kernel's bits, drafts match
+the dense path's, and speculative output equals plain greedy output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from specpilot import kernels
+from specpilot.drafters.block import BlockDrafter
+from specpilot.drafters.feature_net import FeatureNet, FeatureNetConfig, draft_rows
+from specpilot.drafters.head import HeadDrafter
+from specpilot.drafters.trained import load_trained_drafter, save_drafter, shared_tables
+from specpilot.engine import Engine, GenerationConfig
+from specpilot.errors import DrafterError
+from specpilot.loading import LoadedModel, load_model, native
+from specpilot.tree import TreeSpec
+
+from .conftest import tiny_model
+from .test_loading import VOCAB, write_gguf
+
+pytestmark = pytest.mark.skipif(
+    not kernels.available(), reason=kernels.unavailable_reason() or "kernels unavailable"
+)
+
+TAPS = (1, 2)
+SPEC = TreeSpec(kind="dynamic", budget=12, topk=3, depth=5)
+PROMPTS = ([1, 5, 9, 2, 7], [3, 3, 4, 3, 3, 4, 3])
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LoadedModel]:
+    """Native tiny targets: tied (Q8_0 embedding = head) and untied (Q4_0 output)."""
+    tmp = tmp_path_factory.mktemp("native_drafters")
+    out = {}
+    for kind, seed in (("tied", 7), ("untied", 8)):
+        src = tiny_model("llama", seed=seed, std=0.12, vocab=VOCAB, dim=64, intermediate_size=128,
+                         tie_embeddings=kind == "tied")  # fmt: skip
+        quant = {"token_embd.weight": T.Q8_0}
+        if kind == "untied":
+            quant["output.weight"] = T.Q4_0
+        path = tmp / f"{kind}.gguf"
+        write_gguf(path, src, quant=quant)
+        lm = load_model(str(path), cache_dir=tmp / "c", weights="native")
+        assert lm.model.native and native.fp32_copy_bytes(lm.model) == 0
+        out[kind] = lm
+    return out
+
+
+def make_net(kind: str, lm: LoadedModel, draft_vocab: int = 40, seed: int = 4) -> FeatureNet:
+    c = lm.model.cfg
+    cfg = FeatureNetConfig(
+        kind=kind, dim=c.dim, vocab_size=c.vocab_size, taps=TAPS, n_layers=1, n_heads=4,
+        n_kv_heads=2, head_dim=16, intermediate_size=64, block=4 if kind == "block" else 0,
+        draft_vocab=draft_vocab, extra={"target_fingerprint": lm.fingerprint},
+    )  # fmt: skip
+    net = FeatureNet(cfg)
+    net.init_weights(seed, std=0.3)
+    if draft_vocab:
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randperm(c.vocab_size, generator=g)[:draft_vocab].sort().values
+        net.vocab_ids.copy_(ids)
+    return net
+
+
+@pytest.mark.parametrize("kind", ["tied", "untied"])
+@pytest.mark.parametrize("draft_vocab", [40, 0])
+def test_head_drafts_in_place_without_fp32_copies_and_stays_lossless(
+    targets: dict[str, LoadedModel], kind: str, draft_vocab: int
+) -> None:
+    lm = targets[kind]
+    m = lm.model
+    net = make_net("head", lm, draft_vocab)
+    keys = set(net.state_dict())
+    net.attach(*shared_tables(m))
+    emb, head = net.native
+    assert emb is m.model.embed_tokens and net.embed is None and net.head is None
+    assert isinstance(head, kernels.GGUFLinear)
+    assert (head is m.lm_head) == (draft_vocab == 0)  # the whole vocabulary: the target's head
+    assert set(net.state_dict()) == keys  # the target's blocks are not the drafter's weights
+    drafter = HeadDrafter(net)
+    engine = Engine(m)
+    gen = GenerationConfig(max_new_tokens=20)
+    for prompt in PROMPTS:
+        ref = engine.generate(prompt, gen).tokens
+        res = engine.generate(prompt, gen, drafter=drafter, spec=SPEC)
+        assert res.tokens == ref
+        assert max(res.draft_nodes) > 0
+    assert drafter.forwards > 10
+    assert native.fp32_copy_bytes(m) == 0
+
+
+def test_native_numerics_match_the_dense_tables(targets: dict[str, LoadedModel]) -> None:
+    """Embedding rows are the dequantized rows bit for bit; the draft-vocabulary head gives the
+    full native head's bits on those rows and the dense logits up to summation order."""
+    m = targets["untied"].model
+    net = make_net("head", targets["untied"])
+    ids = net.vocab_ids
+    head = draft_rows(m.lm_head, ids)
+    assert head.blocks.numel() == ids.numel() * m.lm_head.blocks.numel() // m.cfg.vocab_size
+    x = torch.randn(5, m.cfg.dim, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(head(x), m.lm_head(x)[:, ids])  # rows are independent (the contract)
+    net.attach(*shared_tables(m))
+    toks = torch.tensor([[3, 17, 40, 5]])
+    g = torch.randn(1, 4, m.cfg.dim, generator=torch.Generator().manual_seed(1))
+    got_in, got_logits = net.step_input(g, toks), net.logits(g)
+    assert native.fp32_copy_bytes(m) == 0
+    dense = make_net("head", targets["untied"])
+    dense.attach(m.model.embed_tokens.weight, m.head_weight())  # asks for the fp32 copies
+    assert native.fp32_copy_bytes(m) > 0
+    assert dense.native == (None, None) and dense.head is not None
+    assert torch.equal(got_in, dense.step_input(g, toks))
+    torch.testing.assert_close(got_logits, dense.logits(g), rtol=1e-5, atol=1e-5)
+    for mod in (m.model.embed_tokens, m.lm_head):  # drop the copies for the other tests
+        mod._dense = None
+
+
+def test_block_drafter_and_saved_head_load_in_place(
+    targets: dict[str, LoadedModel], tmp_path: Path
+) -> None:
+    lm = targets["tied"]
+    m = lm.model
+    engine = Engine(m)
+    gen = GenerationConfig(max_new_tokens=16)
+    saved = save_drafter(make_net("head", lm), tmp_path / "head", {"test": True},
+                         dtype=torch.float32)  # fmt: skip
+    head = load_trained_drafter(saved, lm)
+    assert isinstance(head, HeadDrafter) and head.net.native[0] is m.model.embed_tokens
+    assert native.fp32_copy_bytes(m) == 0
+    with pytest.raises(DrafterError, match="attach"):  # a block drafter: attach first
+        BlockDrafter(make_net("block", lm))
+    net = make_net("block", lm)
+    net.attach(*shared_tables(m))
+    block = BlockDrafter(net)
+    for drafter in (head, block):
+        for prompt in PROMPTS:
+            ref = engine.generate(prompt, gen).tokens
+            assert engine.generate(prompt, gen, drafter=drafter, spec=SPEC).tokens == ref
+    assert native.fp32_copy_bytes(m) == 0
