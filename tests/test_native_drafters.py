@@ -109,6 +109,12 @@ def test_native_numerics_match_the_dense_tables(targets: dict[str, LoadedModel])
     g = torch.randn(1, 4, m.cfg.dim, generator=torch.Generator().manual_seed(1))
     got_in, got_logits = net.step_input(g, toks), net.logits(g)
     assert native.fp32_copy_bytes(m) == 0
+    from specpilot.costmodel.roofline import trained_drafter_work
+
+    own = sum(p.numel() for n, p in net.named_parameters() if n.startswith(("in_proj", "layers")))
+    work = trained_drafter_work(net, 1.0)  # the floor reads the head rows' block bytes
+    assert work.bytes == own * 4 + net.native[1].blocks.numel()
+    assert work.flops == 2 * (own + ids.numel() * m.cfg.dim)
     dense = make_net("head", targets["untied"])
     dense.attach(m.model.embed_tokens.weight, m.head_weight())  # asks for the fp32 copies
     assert native.fp32_copy_bytes(m) > 0

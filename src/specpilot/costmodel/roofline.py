@@ -183,7 +183,8 @@ def trained_drafter_work(net: object, forwards_per_step: float) -> Work:
     projection, its layers and the attached LM-head rows (every forward is followed by logits of
     at least one row), so reads those weights once and does 2 FLOPs per weight of each. The
     fuse projection (committed tokens only) and the embedding lookup are left out: a floor may
-    only undercount. Weight bytes are as packed (a bf16 LM head counts 2 bytes per weight)."""
+    only undercount. Weight bytes are as packed (a bf16 LM head counts 2 bytes per weight; a
+    native target's rows their GGUF block bytes)."""
     import torch
 
     assert isinstance(net, torch.nn.Module)
@@ -198,6 +199,10 @@ def trained_drafter_work(net: object, forwards_per_step: float) -> Work:
         size = 2 if type(packed).__name__ == "_Bf16Linear" else head.element_size()
         params += head.numel()
         nbytes += head.numel() * size
+    native_head = getattr(net, "native", (None, None))[1]
+    if native_head is not None:  # a native target's LM-head rows, read in their GGUF blocks
+        params += native_head.out_features * native_head.in_features
+        nbytes += native_head.blocks.numel()
     return Work(2.0 * params * forwards_per_step, float(nbytes) * forwards_per_step)
 
 
