@@ -17,7 +17,11 @@ without the kernels).
 GPU paths (bf16/fp16) use the stock kernels; there token forcing still checks every output and
 reports the logit margin where a near-tie flips.
 
-Profiling: every kernel class runs in its named range (:mod:`specpilot.profiling`).
+Native steps (the row ops on, ``attention="fixed"``) run the lean forward of
+:mod:`specpilot.kernels.step`: the same ops with the same bits, without the module glue.
+
+Profiling: every kernel class runs in its named range (:mod:`specpilot.profiling`); with the
+ranges on, the module forward runs (its ranges are the cost model's kernel classes).
 """
 
 from __future__ import annotations
@@ -32,42 +36,17 @@ from torch import Tensor, nn
 from specpilot import kernels
 from specpilot.config import ModelConfig, rope_inv_freq, window_mask
 from specpilot.errors import ConfigError
-from specpilot.kernels import rowops
+from specpilot.kernels import rowops, step
 from specpilot.kernels.attention import ops as attention_ops
 from specpilot.kernels.linear import isa_code
 from specpilot.kernels.onednn import PackedLinear, onednn_available
 from specpilot.kernels.rowops import MLP, RMSNorm, qkv_stage
+from specpilot.kernels.step import Packing
 from specpilot.kvcache import KVCache
-from specpilot.profiling import kernel_range
+from specpilot.profiling import kernel_range, kernel_ranges_enabled
 
 ATTENTION_KINDS = ("exact", "fixed", "sdpa")
 LINEAR_KINDS = ("onednn", "torch")
-
-@dataclass(frozen=True)
-class Packing:
-    """The real rows of a padded (B, T) verify block: row-wise ops (norms, projections, RoPE,
-    MLP, LM head) run on them only, attention on the padded layout (each row's result is the
-    same bits either way: every row-wise kernel is batch-invariant)."""
-
-    index: Tensor
-    """(R,) long: positions of the real rows in the flattened (B * T) layout, ascending."""
-    batch: int
-    width: int
-
-    def rows(self, a: Tensor) -> Tensor:
-        """(B, T) -> (1, R)."""
-        return a.reshape(-1)[self.index][None]
-
-    def pack(self, a: Tensor) -> Tensor:
-        """(B, T, ...) -> (1, R, ...)."""
-        return a.reshape(self.batch * self.width, *a.shape[2:])[self.index][None]
-
-    def unpack(self, a: Tensor) -> Tensor:
-        """(1, R, ...) -> (B, T, ...), pad rows zero."""
-        out = a.new_zeros(self.batch * self.width, *a.shape[2:])
-        out[self.index] = a[0]
-        return out.view(self.batch, self.width, *a.shape[2:])
-
 
 class Attention(nn.Module):
     ROWOP = "rope_qk"
@@ -223,6 +202,7 @@ class Transformer(nn.Module):
         self.compiled: tuple[str, bool] | None = None
         """(scope, dynamic) of :meth:`compile_forward`, None when not compiled."""
         self._native = False
+        self._plan: step.Plan | None = None  # the lean forward's view of the layers
         self.rowops = False
         """Norms, RoPE, residual + norm and the gated activation run as the C++ row ops
         (:mod:`specpilot.kernels.rowops`); on with native weights, see :meth:`set_rowops`."""
@@ -284,6 +264,7 @@ class Transformer(nn.Module):
             layer.self_attn.exact = exact
             att = layer.self_attn
             att.fixed = None if fixed is None else (fixed[0], att.scale or fixed[1], fixed[2])
+        self._plan = None
         self._cos, self._sin = self._rope_tables(max_len, local=False)
         self._local = self._rope_tables(max_len, local=True) if any(self._sliding) else None
         self.max_len, self.batch = max_len, batch
@@ -350,6 +331,7 @@ class Transformer(nn.Module):
         on = bool(on) and self.device.type == "cpu" and self.dtype == torch.float32
         self.rowops = on and rowops.available()
         rowops.wire(self.modules(), self.rowops)
+        self._plan = None
         return self.rowops
 
     @property
@@ -431,6 +413,39 @@ class Transformer(nn.Module):
         x = self.model.embed_tokens(ids)  # (B, T, dim) or (1, R, dim)
         if self.cfg.gemma:  # scaled in the model dtype, as Hugging Face does
             x = x * torch.tensor(self.cfg.dim**0.5).to(x.dtype)
+        want = set(hidden_layers)
+        plan = self._lean_plan()
+        if plan is not None:  # the flat op sequence (kernels.step), the same bits
+            call = step.call_inputs(self, positions, slots, kv_len, mask, cache_rows, pack)
+            a, hidden = step.run(plan, x.view(-1, x.shape[-1]), call, want)
+            x = a.view(x.shape)
+            hidden = {i: h.view(x.shape) for i, h in hidden.items()}
+        else:
+            x, hidden = self._layers(x, rope_pos, positions, slots, kv_len, mask, cache_rows, pack,
+                                     want)  # fmt: skip
+        logits = None
+        if not (isinstance(logits_rows, slice) and logits_rows == slice(0, 0)):
+            rows = x if logits_rows is None else x[:, logits_rows]
+            with kernel_range("lm_head"):
+                logits = self.lm_head(rows).float()
+                if self.cfg.final_logit_softcap:
+                    cap = self.cfg.final_logit_softcap
+                    logits = torch.tanh(logits / cap) * cap
+        return ForwardOut(logits, tuple(hidden[i] for i in hidden_layers))
+
+    def _lean_plan(self) -> step.Plan | None:
+        """The lean forward's plan when it applies (row ops, fixed attention, no ranges)."""
+        if kernel_ranges_enabled() or not step.eligible(self):
+            return None
+        if self._plan is None:
+            self._plan = step.plan(self)
+        return self._plan
+
+    def _layers(
+        self, x: Tensor, rope_pos: Tensor, positions: Tensor, slots: int | Tensor, kv_len: int,
+        mask: Tensor | None, cache_rows: slice | None, pack: Packing | None, want: set[int],
+    ) -> tuple[Tensor, dict[int, Tensor]]:
+        """The module forward of the layers and the final norm: (normed state, hidden)."""
         full = (self._cos[rope_pos].unsqueeze(2), self._sin[rope_pos].unsqueeze(2), mask)
         local = full  # cos/sin (B, T, 1, head_dim) and the mask of the sliding layers
         if self._local is not None:
@@ -439,7 +454,6 @@ class Transformer(nn.Module):
                 self._local[1][rope_pos].unsqueeze(2),
                 window_mask(mask, positions, slots, kv_len, self.max_len, self.cfg.sliding_window),
             )
-        want = set(hidden_layers)
         hidden: dict[int, Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             if i in want:
@@ -450,15 +464,7 @@ class Transformer(nn.Module):
             x = self.model.norm(x)
         if self.cfg.n_layers in want:
             hidden[self.cfg.n_layers] = x
-        logits = None
-        if not (isinstance(logits_rows, slice) and logits_rows == slice(0, 0)):
-            rows = x if logits_rows is None else x[:, logits_rows]
-            with kernel_range("lm_head"):
-                logits = self.lm_head(rows).float()
-                if self.cfg.final_logit_softcap:
-                    cap = self.cfg.final_logit_softcap
-                    logits = torch.tanh(logits / cap) * cap
-        return ForwardOut(logits, tuple(hidden[i] for i in hidden_layers))
+        return x, hidden
 
     def compact_cache(self, src: Tensor, dst: int, row: int | None = None) -> None:
         """Move cache slots ``src`` to ``dst, dst+1, ...`` in every layer (batch row ``row``,

@@ -1,4 +1,5 @@
-"""Batch-invariant fp32 attention (``specpilot::attention``): the Python face of the C++ op.
+"""Batch-invariant fp32 attention (``specpilot::attention``) and one layer's RoPE + KV-cache
+write + attention in one call (``specpilot::rope_attention``): the Python face of the C++ ops.
 
 The order of the arithmetic is the attention contract in the package docstring: each output
 row (b, h, t) depends on its query, the keys and values its mask row lets it see, and nothing
@@ -22,6 +23,11 @@ def _register_fakes() -> None:
     def _(q, k, v, kv_len, mask, scale, isa=0):  # type: ignore[no-untyped-def]
         b, h, t, hd = q.shape
         return q.new_empty((b, t, h, hd)).transpose(1, 2)
+
+    @torch.library.register_fake("specpilot::rope_attention")
+    def _(qkv, cos, sin, q_norm, k_norm, eps, offset, k_cache, v_cache, cache_row, batch, slots,
+          slot0, kv_len, mask, scale, n_q, n_k, head_dim, isa=0):  # type: ignore[no-untyped-def]  # fmt: skip
+        return qkv.new_empty((*qkv.shape[:-1], n_q * head_dim))
 
     @torch.library.register_fake("specpilot::fixed_exp")
     def _(x, isa=0):  # type: ignore[no-untyped-def]
@@ -52,6 +58,42 @@ def fixed_attention(
     """
     s = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return ops().attention(q, k, v, int(kv_len), mask, s, isa_code(isa))
+
+
+def rope_attention(
+    qkv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slots: int | Tensor,
+    kv_len: int,
+    mask: Tensor | None,
+    n_q: int,
+    n_k: int,
+    head_dim: int,
+    batch: int = 1,
+    cache_row: int = 0,
+    scale: float | None = None,
+    norms: tuple[Tensor, Tensor, float, bool] | None = None,
+    isa: str | None = None,
+) -> Tensor:
+    """One layer's attention from its fused q/k/v projection ``qkv`` (``batch`` x T rows of
+    ``(n_q + 2 n_k) * head_dim``: q, k, v heads): RoPE on q and k (``cos``/``sin``: a row's
+    (head_dim) tables; ``norms`` = (q norm weight, k norm weight, eps, offset) RMS-norms each
+    head first), the rotated k and the v heads written to cache rows ``cache_row + b`` of
+    ``k_cache``/``v_cache`` (B, n_k, len, head_dim) at ``slots`` (an int: contiguous from it,
+    (T,) or (B, T) long), then :func:`fixed_attention` of the q heads over slots [0, kv_len).
+    The same bits as :func:`specpilot.kernels.rowops.rope_qk`, the cache writes and
+    :func:`fixed_attention` in turn. Returns qkv's leading shape x (n_q * head_dim)."""
+    s = head_dim**-0.5 if scale is None else float(scale)
+    qw, kw, eps, offset = (None, None, 1e-6, False) if norms is None else norms
+    tab, start = (None, int(slots)) if isinstance(slots, int) else (slots, 0)
+    return ops().rope_attention(
+        qkv, cos, sin, qw, kw, float(eps), bool(offset), k_cache, v_cache, int(cache_row),
+        int(batch), tab, start, int(kv_len), mask, s, int(n_q), int(n_k), int(head_dim),
+        isa_code(isa),
+    )  # fmt: skip
 
 
 def fixed_exp(x: Tensor, isa: str | None = None) -> Tensor:

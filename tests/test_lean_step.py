@@ -1,0 +1,107 @@
+"""The lean native forward (:mod:`specpilot.kernels.step`) gives the module forward's bits: the
+same logits, hidden states and KV caches over prefill, one-row decoding, tree verification with
+scattered slots on one cache row, batched per-row slots with pad rows, and packed rows; for
+native Llama (fused and unfused q/k/v, a dense fallback layer), Qwen2 (q/k/v biases), Gemma 3
+(q/k norms, sliding window) and fp32 Qwen3 weights with the row ops on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specpilot import kernels
+from specpilot.loading.native import load_native
+from specpilot.model import Packing, Transformer, causal_mask
+from specpilot.profiling import set_kernel_ranges
+
+from .conftest import tiny_model
+from .test_native_load import files  # noqa: F401  (the tiny GGUF files fixture)
+
+pytestmark = pytest.mark.skipif(
+    not kernels.available(), reason=kernels.unavailable_reason() or "kernels unavailable"
+)
+
+LEN, SCRATCH = 48, 47
+
+
+def _mask(g: torch.Generator, b: int, t: int, kv: int, seen: int) -> torch.Tensor:
+    m = torch.rand(b, t, kv, generator=g) > 0.4
+    m[:, :, :seen] = True
+    return m
+
+
+def _drive(m: Transformer, vocab: int) -> list[torch.Tensor]:
+    """Every output of a fixed sequence of calls, then the caches."""
+    g = torch.Generator().manual_seed(0)
+    n = m.cfg.n_layers
+    out: list[torch.Tensor] = []
+
+    def call(toks, pos, slots, kv, mask=None, **kw):  # type: ignore[no-untyped-def]
+        r = m(toks, pos, slots, kv, mask, hidden_layers=(0, n - 1, n), **kw)
+        out.extend([r.logits, *r.hidden])
+
+    ids = lambda b, t: torch.randint(3, vocab, (b, t), generator=g)  # noqa: E731
+    m.setup_cache(LEN, batch=3, attention="fixed")
+    with torch.inference_mode():
+        call(ids(3, 12), torch.arange(12).repeat(3, 1), 0, 12, causal_mask(0, 12, 12, m.device))
+        call(ids(3, 1), torch.full((3, 1), 12), 12, 13)  # one-row decoding, every row
+        call(ids(1, 1), torch.tensor([[13]]), 13, 14, cache_rows=slice(2, 3))
+        tree = torch.tensor([20, 14, 16, 15, 18, 17])  # scattered, unsorted slots
+        pos = torch.tensor([[13, 14, 14, 15, 15, 16]])
+        call(ids(1, 6), pos, tree, 21, _mask(g, 1, 6, 21, 13), cache_rows=slice(1, 2))
+        m.compact_cache(torch.tensor([14, 16]), 14, row=1)
+        slots = torch.tensor([[13, 14, 15, SCRATCH], [16, 17, 18, 19], [14, SCRATCH, SCRATCH,
+                              SCRATCH]])  # fmt: skip
+        pos = slots.clamp(max=20)
+        call(ids(3, 4), pos, slots, 20, _mask(g, 3, 4, 20, 13))
+        pack = Packing(torch.tensor([0, 1, 2, 4, 5, 6, 7, 8]), 3, 4)
+        call(ids(3, 4), pos, slots, 20, _mask(g, 3, 4, 20, 13), pack=pack,
+             logits_rows=torch.tensor([0, 3, 7]))  # fmt: skip
+        for layer in m.model.layers:
+            out += [layer.self_attn.cache.k, layer.self_attn.cache.v]
+    return out
+
+
+def _both(make) -> None:  # type: ignore[no-untyped-def]
+    lean, plain = make(), make()
+    plain._lean_plan = lambda: None  # the module forward
+    want = _drive(plain, plain.cfg.vocab_size)
+    assert plain._plan is None
+    got = _drive(lean, lean.cfg.vocab_size)
+    assert lean._plan is not None  # the lean forward ran
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert a.shape == b.shape, i
+        assert torch.equal(a, b), i
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gemma3"])
+def test_native_lean_forward_is_the_module_forward(name: str, files: dict[str, Path]) -> None:  # noqa: F811
+    _both(lambda: load_native(files[name])[0])
+
+
+def test_fp32_weights_with_row_ops() -> None:
+    def make() -> Transformer:
+        m = tiny_model("qwen3", seed=4)
+        assert m.set_rowops(True)
+        return m
+
+    _both(make)
+
+
+def test_module_forward_without_fixed_attention_or_with_ranges(files: dict[str, Path]) -> None:  # noqa: F811
+    m = load_native(files["llama"])[0]
+    m.setup_cache(LEN, attention="exact")
+    m(torch.tensor([[5, 6]]), torch.arange(2)[None], 0, 2)
+    assert m._plan is None
+    m.setup_cache(LEN, attention="fixed")
+    set_kernel_ranges(True)
+    try:
+        m(torch.tensor([[5, 6]]), torch.arange(2)[None], 0, 2)
+        assert m._plan is None
+    finally:
+        set_kernel_ranges(False)
+    m(torch.tensor([[5, 6]]), torch.arange(2)[None], 0, 2)
+    assert m._plan is not None
