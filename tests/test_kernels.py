@@ -128,7 +128,7 @@ def test_portable_path_equals_avx2_bit_for_bit(name: str) -> None:
     assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-TILES = [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1), (0, 0)]
+TILES = [(rt, ct) for rt in (1, 2, 4, 8) for ct in (1, 2, 3, 4)] + [(0, 0)]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -165,7 +165,7 @@ def test_rows_bit_identical_across_counts_positions_threads_tiles(
 
 
 def test_thread_split_does_not_change_bits() -> None:
-    """Large enough that two threads really split the columns (grain here: 16 columns)."""
+    """Large enough that two threads really split the columns (grain here: one unit of 12)."""
     n, k, m = 61, 512, 32
     raw = as_tensor(random_weight("Q4_K", n, k, 13))
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(14))
@@ -178,6 +178,57 @@ def test_thread_split_does_not_change_bits() -> None:
     finally:
         torch.set_num_threads(prev)
     assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
+
+
+@pytest.mark.skipif(not AVX2, reason="this CPU has no AVX2+FMA+F16C")
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(ALL),
+    n=st.integers(1, 41),
+    m=st.sampled_from([*range(1, 21), 33, 130]),
+    tile=st.sampled_from(TILES),
+    threads=st.sampled_from([1, 2]),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_avx2_equals_portable_for_every_row_count_tile_and_thread_count(
+    name: str, n: int, m: int, tile: tuple[int, int], threads: int, bias: bool, seed: int
+) -> None:
+    """Rows 1..20 (the direct path below 4 rows, the decoded-panel path from 4) and large m,
+    odd n (not a multiple of any column tile or of the 12-column thread unit)."""
+    k = 768 if name in ("Q4_K", "Q6_K") else 8 * 37 + 5 if name in DENSE else 32 * 9
+    raw = as_tensor(random_weight(name, n, k, seed))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * 2
+    b = torch.randn(n, generator=torch.Generator().manual_seed(seed + 1)) if bias else None
+    ref = kernels.gguf_matmul(x, raw, qt(name), n, k, b, isa="portable")
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = kernels.gguf_matmul(x, raw, qt(name), n, k, b, "avx2", *tile)
+    finally:
+        torch.set_num_threads(prev)
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+
+
+@pytest.mark.skipif(not AVX2, reason="this CPU has no AVX2+FMA+F16C")
+@pytest.mark.parametrize("name", ALL)
+def test_panel_path_equals_direct_path(name: str) -> None:
+    """The decoded-panel path (4+ rows) gives each row the bits of the register-decode path
+    (rows run one at a time), on the SmolLM2 shapes' k and a column count split by threads."""
+    n, k = 150, 1536 if name not in DENSE else 1539
+    raw = as_tensor(random_weight(name, n, k, 31))
+    x = torch.randn(17, k, generator=torch.Generator().manual_seed(32))
+    b = torch.randn(n, generator=torch.Generator().manual_seed(33))
+    panel = kernels.gguf_matmul(x, raw, qt(name), n, k, b, "avx2")
+    for r in range(x.shape[0]):
+        direct = kernels.gguf_matmul(x[r : r + 1], raw, qt(name), n, k, b, "avx2")
+        assert torch.equal(panel[r].view(torch.int32), direct[0].view(torch.int32)), r
+    # the panel rows are not just equal to each other: a corrupted x row changes only its row
+    x2 = x.clone()
+    x2[5, 7] += 1.0
+    other = kernels.gguf_matmul(x2, raw, qt(name), n, k, b, "avx2")
+    changed = (other.view(torch.int32) != panel.view(torch.int32)).any(dim=1)
+    assert changed.tolist() == [r == 5 for r in range(17)]
 
 
 def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:

@@ -45,9 +45,10 @@ _BLOCK = {
 """type id -> (elements per block, bytes per block)."""
 ISAS = {"auto": 0, "portable": 1, "avx2": 2}
 ROW_TILES = (1, 2, 4, 8)
-"""Row tiles of the native GEMM (rows sharing one weight decode); 0 = the op's default."""
-COL_TILES = (1, 2, 4)
-"""Column tiles (output columns per inner loop); 0 = the op's default."""
+"""Row tiles of the native GEMM (rows per micro-kernel); 0 = the op's default."""
+COL_TILES = (1, 2, 3, 4)
+"""Column tiles (output columns per micro-kernel; 3 runs as 2 below 4 rows); 0 = the op's
+default."""
 ISA_ENV = "SPECPILOT_KERNELS_ISA"
 
 def _ops() -> Any:
@@ -215,7 +216,7 @@ class GGUFLinear(nn.Module):
         self, single: tuple[int, int] = (0, 0), multi: tuple[int, int] = (0, 0)
     ) -> None:
         """The GEMM's (row tile, column tile) for one-row calls (plain decoding) and for
-        multi-row calls (verify, prefill); 0 = the op's default (one row: 1 x 4, more: 4 x 2).
+        multi-row calls (verify, prefill); 0 = the op's default (one row: 1 x 4, more: 4 x 3).
         Tiles change the schedule only, never a bit of the output (the numerics contract).
         ValueError for a tile outside :data:`ROW_TILES` / :data:`COL_TILES`."""
         for rt, ct in (single, multi):

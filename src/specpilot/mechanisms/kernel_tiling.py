@@ -1,10 +1,12 @@
 """Mechanism ``kernel_tiling`` (kernel): the row and column tiles of the native GGUF GEMM.
 
 Applies where the target runs its GGUF blocks through the native kernels (``--weights native``).
-The GEMM decodes a weight block once for a group of *row tile* rows and keeps *column tile*
-output columns in registers (at most 8 accumulators: it takes the largest row group that fits).
+Calls of 4 rows or more decode each weight once into a panel and run a micro-kernel of *row
+tile* rows x *column tile* columns over it (at most 12 accumulators: it takes the largest row
+group that fits); fewer rows decode in registers for a group of *row tile* rows and *column
+tile* columns (at most 8 accumulators; column tile 3 runs as 2).
 Plain decoding calls it with one row and a verify step with 5-16, so the one-row column tile and
-the multi-row row and column tiles are separate parameters (the op's defaults: 1 x 4 and 4 x 2).
+the multi-row row and column tiles are separate parameters (the op's defaults: 1 x 4 and 4 x 3).
 Tiles change the schedule only: each output element keeps the numerics contract's reduction
 order (:mod:`specpilot.kernels`), so every choice gives the same bits (tests/test_kernels.py),
 and token forcing checks it like any candidate. Thread count is the ``threads`` mechanism.
@@ -30,7 +32,7 @@ from specpilot.mechanisms.base import (
 from specpilot.plan import Plan
 
 DEFAULT_SINGLE = (1, 4)
-DEFAULT_MULTI = (4, 2)
+DEFAULT_MULTI = (4, 3)
 """The op's own tiles for one row and for more (kernels/csrc/ops.cpp)."""
 _WHERE = "plan options: kernel_tiling"
 

@@ -170,6 +170,14 @@ struct GemmArgs {
 
 }  // namespace sp
 
+namespace sp {
+// Calls with at least this many rows decode each weight once into a panel (gemm_avx2.cpp);
+// fewer rows decode in registers per row tile. Either way the same bits.
+constexpr int64_t kPanelRows = 4;
+// Threads get column ranges in multiples of this (a multiple of every column tile).
+constexpr int64_t kColumnUnit = 12;
+}  // namespace sp
+
 // Entry points of the kernel translation units (plain C linkage, no torch types).
 extern "C" {
 // Portable path: columns [n0, n1) for all rows, with `lanes` accumulator lanes (8 = the contract).

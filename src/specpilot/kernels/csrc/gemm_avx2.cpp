@@ -9,8 +9,10 @@
 // Compiled with -mavx2 -mfma -mf16c; called only after a run-time CPU check.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "formats.h"
 
@@ -236,8 +238,150 @@ void column_tile(const sp::GemmArgs& a, int64_t c0, int row_tile) {
   }
 }
 
+// ---- many rows: each weight decoded once per call into a thread-local panel -----------------
+//
+// A panel of columns is decoded with F::load (the same fp32 values as the direct path) into
+// 32-byte-aligned scratch, kp = k rounded up to 8 floats per column; then a register-blocked
+// micro-kernel of RB rows x CN columns runs over all rows, x and w loaded from cache. Each
+// accumulator is still one fma chain per lane in increasing k, so the bits equal the direct path.
+
+constexpr int kMaxAcc = 12;          // accumulators of one micro-kernel (16 ymm registers)
+constexpr int64_t kPanelBytes = 24576;  // decoded panel per thread (L1-resident for k = 576)
+
+struct Scratch {
+  float* p = nullptr;
+  size_t cap = 0;
+  ~Scratch() { std::free(p); }
+  float* get(size_t floats) {
+    if (floats > cap) {
+      std::free(p);
+      cap = (floats + 15) / 16 * 16;
+      p = static_cast<float*>(std::aligned_alloc(64, cap * sizeof(float)));
+    }
+    return p;
+  }
+};
+
+thread_local Scratch tls_panel;
+
+inline int64_t padded_k(int64_t k) { return (k + 7) / 8 * 8; }
+
+// Column `col` of the weight, decoded to dst[0, k) (the dense k % 8 tail by decode_dense).
+template <class F>
+void decode_column(const sp::GemmArgs& a, int64_t col, float* dst) {
+  constexpr int E = 8 * F::NV;
+  const uint8_t* row = a.w + col * a.row_bytes;
+  const int64_t steps = a.k / E;
+  for (int64_t s = 0; s < steps; ++s) {
+    __m256 w[F::NV];
+    F::load(row, s, w);
+    for (int v = 0; v < F::NV; ++v) _mm256_store_ps(dst + s * E + 8 * v, w[v]);
+  }
+  if (steps * E < a.k)
+    sp::decode_dense(a.qtype, row, steps * E, static_cast<int>(a.k - steps * E), dst + steps * E);
+}
+
+// Rows [r0, r0 + RB) x columns [c0, c0 + CN) from the decoded columns w (stride kp).
+template <int RB, int CN>
+void micro(const sp::GemmArgs& a, int64_t r0, int64_t c0, const float* w, int64_t kp) {
+  __m256 acc[RB][CN];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CN; ++c) acc[r][c] = _mm256_setzero_ps();
+  const float* x = a.x + r0 * a.k;
+  const int64_t k8 = a.k / 8;
+  for (int64_t s = 0; s < k8; ++s) {
+    __m256 wv[CN];
+    for (int c = 0; c < CN; ++c) wv[c] = _mm256_load_ps(w + c * kp + 8 * s);
+    for (int r = 0; r < RB; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * a.k + 8 * s);
+      for (int c = 0; c < CN; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  const int64_t k_tail = k8 * 8;
+  for (int r = 0; r < RB; ++r) {
+    for (int c = 0; c < CN; ++c) {
+      __m256 v = acc[r][c];
+      if (k_tail < a.k) {  // dense only: lanes k % 8 of the last partial chunk, in increasing k
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, v);
+        const float* xr = x + r * a.k;
+        for (int64_t k = k_tail; k < a.k; ++k)
+          lanes[k % 8] = std::fma(xr[k], w[c * kp + k], lanes[k % 8]);
+        v = _mm256_load_ps(lanes);
+      }
+      float y = reduce8(v);
+      if (a.bias != nullptr) y = y + a.bias[c0 + c];
+      a.y[(r0 + r) * a.n + c0 + c] = y;
+    }
+  }
+}
+
+// The largest row block RB <= row_tile (8, 4, 2 or 1) with RB * CN <= kMaxAcc and RB <= left.
+template <int CN>
+int pick_rows(int row_tile, int64_t left) {
+  for (int rb : {8, 4, 2}) {
+    if (rb <= row_tile && rb * CN <= kMaxAcc && rb <= left) return rb;
+  }
+  return 1;
+}
+
+template <int CN>
+void micro_rows(int rb, const sp::GemmArgs& a, int64_t r0, int64_t c0, const float* w,
+                int64_t kp) {
+  if constexpr (8 * CN <= kMaxAcc) {
+    if (rb == 8) return micro<8, CN>(a, r0, c0, w, kp);
+  }
+  if constexpr (4 * CN <= kMaxAcc) {
+    if (rb == 4) return micro<4, CN>(a, r0, c0, w, kp);
+  }
+  if (rb == 2) return micro<2, CN>(a, r0, c0, w, kp);
+  micro<1, CN>(a, r0, c0, w, kp);
+}
+
+// Columns [c0, c0 + g * CN): decode them once, then every row block over every column group
+// (the x rows of one block stay in L1 across the groups).
+template <class F, int CN>
+void panel(const sp::GemmArgs& a, int64_t c0, int64_t g, int row_tile, float* buf) {
+  const int64_t kp = padded_k(a.k);
+  for (int64_t c = 0; c < g * CN; ++c) decode_column<F>(a, c0 + c, buf + c * kp);
+  int64_t r0 = 0;
+  while (r0 < a.m) {
+    const int rb = pick_rows<CN>(row_tile, a.m - r0);
+    for (int64_t j = 0; j < g; ++j) micro_rows<CN>(rb, a, r0, c0 + j * CN, buf + j * CN * kp, kp);
+    r0 += rb;
+  }
+}
+
+template <class F, int CN>
+int64_t run_panels(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile) {
+  const int64_t kp = padded_k(a.k);
+  const int64_t groups = std::max<int64_t>(1, kPanelBytes / (CN * kp * 4));
+  float* buf = tls_panel.get(static_cast<size_t>(groups * CN * kp));
+  int64_t c = n0;
+  while (c + CN <= n1) {
+    const int64_t g = std::min<int64_t>(groups, (n1 - c) / CN);
+    panel<F, CN>(a, c, g, row_tile, buf);
+    c += g * CN;
+  }
+  return c;
+}
+
+template <class F>
+void run_multi(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_tile) {
+  int64_t c = n0;
+  if (col_tile >= 4) {
+    c = run_panels<F, 4>(a, c, n1, row_tile);
+  } else if (col_tile == 3) {
+    c = run_panels<F, 3>(a, c, n1, row_tile);
+  } else if (col_tile == 2) {
+    c = run_panels<F, 2>(a, c, n1, row_tile);
+  }
+  if (c < n1) run_panels<F, 1>(a, c, n1, row_tile);
+}
+
 template <class F>
 void run(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_tile) {
+  if (a.m >= sp::kPanelRows) return run_multi<F>(a, n0, n1, row_tile, col_tile);
   int64_t c = n0;
   if (col_tile >= 4) {
     for (; c + 4 <= n1; c += 4) column_tile<F, 4>(a, c, row_tile);

@@ -1,11 +1,12 @@
 // Torch custom ops over GGUF blocks (namespace `specpilot`): checks, threads, ISA dispatch.
 //
-// Threads split the output columns (at::parallel_for over n); k is never split, so a thread
-// count changes only which thread computes a column, never how.
+// Threads split the output columns (at::parallel_for over units of sp::kColumnUnit columns);
+// k is never split, so a thread count changes only which thread computes a column, never how.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <string>
 
 #include "formats.h"
@@ -50,9 +51,11 @@ sp::GemmArgs make_args(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
                       y.data_ptr<float>(), n};
 }
 
-int64_t grain(int64_t m, int64_t k) {
-  const int64_t g = (int64_t{1} << 18) / std::max<int64_t>(1, m * k);
-  return std::max<int64_t>(4, g);
+// Column units per task: at least ~2^16 multiply-adds (tens of microseconds), so a small
+// linear stays on one thread instead of paying a fork-join for little work.
+int64_t grain_units(int64_t m, int64_t k) {
+  const int64_t per_unit = std::max<int64_t>(1, m * k * sp::kColumnUnit);
+  return std::max<int64_t>(1, (int64_t{1} << 16) / per_unit);
 }
 
 at::Tensor gguf_matmul(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype, int64_t n,
@@ -64,8 +67,11 @@ at::Tensor gguf_matmul(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   if (a.m == 0) return y;
   const bool avx2 = sp::use_avx2(isa);
   const int rt = row_tile > 0 ? static_cast<int>(row_tile) : (a.m == 1 ? 1 : 4);
-  const int ct = col_tile > 0 ? static_cast<int>(col_tile) : (a.m == 1 ? 4 : 2);
-  at::parallel_for(0, n, grain(a.m, k), [&](int64_t n0, int64_t n1) {
+  const int ct = col_tile > 0 ? static_cast<int>(col_tile) : (a.m == 1 ? 4 : 3);
+  const int64_t unit = sp::kColumnUnit;
+  const int64_t units = (n + unit - 1) / unit;
+  at::parallel_for(0, units, grain_units(a.m, k), [&](int64_t u0, int64_t u1) {
+    const int64_t n0 = u0 * unit, n1 = std::min(n, u1 * unit);
     if (avx2) {
 #if !defined(SP_NO_AVX2)
       sp_gemm_avx2(&a, n0, n1, rt, ct);
