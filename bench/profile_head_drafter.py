@@ -1,10 +1,13 @@
 """Where a trained head's drafting step goes: torch.profiler around ``propose``.
 
     python bench/profile_head_drafter.py [--workload chat] [--limit 3] [--budget 32 --depth 8]
+                                         [--dense-tables]
 
 Decodes ``limit`` prompts with the shipped head drafter (the first one warms up), prints the
 measured ``propose`` time per step and the profiler's operator table (the ``PROPOSE`` row's self
-time is Python inside ``propose``). Figures in BENCHMARKS.md ("Trained drafters").
+time is Python inside ``propose``). On native weights the head uses the target's GGUF embedding and
+LM-head blocks in place; ``--dense-tables`` attaches their fp32 copies instead (the former path).
+Figures in BENCHMARKS.md ("Trained drafters").
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import time
 
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from specpilot.costmodel.roofline import trained_net
 from specpilot.engine import GenerationConfig
 from specpilot.loading import load_model
+from specpilot.loading.native import fp32_copy_bytes
 from specpilot.runtime import build, default_plan
 from specpilot.tree import TreeSpec
 from specpilot.workloads import load_workload
@@ -31,6 +36,11 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=32)
     ap.add_argument("--topk", type=int, default=8)
     ap.add_argument("--depth", type=int, default=8)
+    ap.add_argument(
+        "--dense-tables",
+        action="store_true",
+        help="share the target's embedding / LM head as fp32 copies (native weights)",
+    )
     args = ap.parse_args()
     loaded = load_model(args.model)
     tok = loaded.tokenizer
@@ -38,6 +48,10 @@ def main() -> None:
     spec = TreeSpec(kind="dynamic", budget=args.budget, topk=args.topk, depth=args.depth)
     built = build(default_plan(loaded).replace(drafter=args.drafter, tree=spec), loaded)
     drafter = built.make_drafter()
+    head = trained_net(drafter)
+    if args.dense_tables and head is not None:
+        head.net.attach(loaded.model.model.embed_tokens.weight, loaded.model.head_weight())
+        head.net.pack()
     inner = drafter.propose
     times: list[float] = []
 
@@ -62,6 +76,8 @@ def main() -> None:
         for p in prompts[1:]:
             run(p)
     print(f"propose: {1e3 * sum(times) / len(times):.1f} ms/step over {len(times)} steps")
+    if loaded.model.native:
+        print(f"fp32 copies of the target's tables: {fp32_copy_bytes(loaded.model) / 1e6:.1f} MB")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
 
 

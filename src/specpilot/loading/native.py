@@ -23,9 +23,11 @@ and gate/up and Llama's un-permuted Q/K are new tensors anyway, and pages of a m
 the load would stay resident beside those copies (and a map faults if the file is replaced while
 it runs). So the loaded model holds about the file's bytes. fp32 copies are made only on demand:
 ``GGUFLinear.weight`` / ``GGUFEmbedding.weight`` dequantize the whole matrix on first access and
-keep it (vocab x dim x 4 bytes each: 113 MB for SmolLM2's embedding); only drafters that share
-the target's embedding or LM head (the trained head drafter, a reduced draft vocabulary) ask, and
-a tied LM head shares the embedding's copy. :func:`fp32_copy_bytes` counts them.
+keep it (vocab x dim x 4 bytes each: 113 MB for SmolLM2's embedding). The trained drafters use
+the modules in place and never ask (:meth:`specpilot.drafters.feature_net.FeatureNet.attach`);
+what still asks: drafter training (its gradient needs the dense head), and a reduced draft
+vocabulary on a native draft model (``Transformer.set_head_rows``). A tied LM head shares the
+embedding's copy. :func:`fp32_copy_bytes` counts them.
 
 Header cache. Parsing a GGUF header (49k-token vocabulary and merges) with ``gguf.GGUFReader``
 takes seconds, so the first native load of a file writes its config, tokenizer and tensor table
