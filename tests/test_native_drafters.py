@@ -147,3 +147,39 @@ def test_block_drafter_and_saved_head_load_in_place(
             ref = engine.generate(prompt, gen).tokens
             assert engine.generate(prompt, gen, drafter=drafter, spec=SPEC).tokens == ref
     assert native.fp32_copy_bytes(m) == 0
+
+
+def test_shipped_precision_linears_run_on_f16_blocks(
+    targets: dict[str, LoadedModel], tmp_path: Path
+) -> None:
+    """A drafter saved in fp16 (as shipped) on a native target packs its linears as F16
+    GGUFLinears (the same values, half the bytes); other weights keep the oneDNN copies."""
+    from specpilot.costmodel.roofline import trained_drafter_work
+
+    lm = targets["untied"]
+    m = lm.model
+    saved = save_drafter(make_net("head", lm), tmp_path / "head16", {"test": True})
+    drafter = load_trained_drafter(saved, lm)
+    net = drafter.net
+    assert net.half_weights
+    fast = [f for mod in (net, *net.layers) for _, f in mod.fast.values()]
+    assert len(fast) == 6 and all(isinstance(f, kernels.GGUFLinear) for f in fast)
+    assert all(f.qtype == kernels.QTYPES["F16"] for f in fast)
+    x = torch.randn(3, m.cfg.dim, generator=torch.Generator().manual_seed(2))
+    lin = net.layers[0].qkv
+    torch.testing.assert_close(net.layers[0].fast["qkv"][1](x), lin(x), rtol=1e-5, atol=1e-5)
+    own = sum(p.numel() for n, p in net.named_parameters() if n.startswith(("in_proj", "layers")))
+    big = sum(p.numel() for n, p in net.named_parameters()
+              if n.startswith(("in_proj", "layers")) and p.dim() == 2)  # fmt: skip
+    work = trained_drafter_work(net, 1.0)
+    assert work.bytes == (own - big) * 4 + big * 2 + net.native[1].blocks.numel()
+    engine = Engine(m)
+    gen = GenerationConfig(max_new_tokens=16)
+    for prompt in PROMPTS:
+        ref = engine.generate(prompt, gen).tokens
+        assert engine.generate(prompt, gen, drafter=drafter, spec=SPEC).tokens == ref
+    assert native.fp32_copy_bytes(m) == 0
+    dense_target = tiny_model("llama", seed=8, vocab=m.cfg.vocab_size, dim=m.cfg.dim,
+                              intermediate_size=128)  # fmt: skip
+    other = load_trained_drafter(saved, dense_target)  # an fp32 target: the oneDNN copies
+    assert not other.net.half_weights and other.net.native == (None, None)

@@ -184,15 +184,16 @@ def trained_drafter_work(net: object, forwards_per_step: float) -> Work:
     at least one row), so reads those weights once and does 2 FLOPs per weight of each. The
     fuse projection (committed tokens only) and the embedding lookup are left out: a floor may
     only undercount. Weight bytes are as packed (a bf16 LM head counts 2 bytes per weight; a
-    native target's rows their GGUF block bytes)."""
+    native target's rows their GGUF block bytes, F16-packed linears 2)."""
     import torch
 
     assert isinstance(net, torch.nn.Module)
     params, nbytes = 0, 0
+    half = getattr(net, "half_weights", False)  # linears packed as F16 (a native target)
     for name, w in net.named_parameters():
         if name.startswith(("in_proj", "layers.")):
             params += w.numel()
-            nbytes += w.numel() * w.element_size()
+            nbytes += w.numel() * (2 if half and w.dim() == 2 else w.element_size())
     head = getattr(net, "head", None)
     if isinstance(head, torch.Tensor):
         packed = getattr(net, "head_fn", None)

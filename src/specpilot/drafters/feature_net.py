@@ -213,6 +213,8 @@ class FeatureNet(nn.Module):
         None when native)."""
         self.head_fn: Any = None
         """Optional fast callable for inference (a prepacked linear over ``head``)."""
+        self.half_weights = False
+        """Whether :meth:`pack` runs every linear on F16 copies (2 bytes a weight)."""
         self.native: tuple[Any, Any] = (None, None)
         """(embedding, LM head) native modules of a GGUF target used in place of ``embed`` /
         ``head`` (a tuple, so they are not registered: never saved, moved or counted here)."""
@@ -262,23 +264,36 @@ class FeatureNet(nn.Module):
         )
 
     def pack(self) -> bool:
-        """Inference-only oneDNN-prepacked copies of every linear (fp32 CPU; the LM-head rows in
-        bf16 where the CPU has native bf16 GEMMs). The GEMV -> GEMM switch of stock linears
-        repacks weights per call, which dominated drafting. Used only without autograd and
-        while the weights are unchanged (a training step bumps their version and the module
-        itself is used again). Returns whether anything was packed."""
+        """Inference-only fast copies of every linear (fp32 CPU): oneDNN-prepacked (the LM-head
+        rows in bf16 where the CPU has native bf16 GEMMs); on a native target (the kernels are
+        built) a weight that fp16 holds exactly (a shipped drafter's) runs as an F16
+        :class:`~specpilot.kernels.GGUFLinear` instead (half the bytes, the same values). The
+        GEMV -> GEMM switch of stock linears repacks weights per call, which dominated drafting.
+        Used only without autograd and while the weights are unchanged (a training step bumps
+        their version and the module itself is used again). Returns whether anything was
+        packed; :attr:`half_weights` says whether all the linears run on F16 weights."""
         from specpilot.kernels.onednn import PackedLinear, onednn_available
 
         if self.norm.weight.device.type != "cpu" or self.norm.weight.dtype != torch.float32:
             return False
-        if not onednn_available():
+        half = self.native[1] is not None
+        onednn = onednn_available()
+        if not (half or onednn):
             return False
+        kinds = set()
         for mod in (self, *self.layers):
             mod.fast = {}
             for name, lin in mod.named_children():
-                if isinstance(lin, nn.Linear):
-                    mod.fast[name] = (lin.weight._version, PackedLinear(lin.weight, lin.bias))
-        if self.head is not None:
+                if not isinstance(lin, nn.Linear):
+                    continue
+                fast = _half_linear(lin) if half else None
+                if fast is None and onednn:
+                    fast = PackedLinear(lin.weight, lin.bias)
+                if fast is not None:
+                    mod.fast[name] = (lin.weight._version, fast)
+                kinds.add(type(fast).__name__)
+        self.half_weights = kinds == {"GGUFLinear"}
+        if self.head is not None and onednn:
             self.head_fn = _Bf16Linear(self.head) if _bf16_gemm() else PackedLinear(self.head, None)
         return True
 
@@ -316,6 +331,17 @@ def _width(table: Tensor | nn.Module, attr: str) -> int:
 def _dense(table: Tensor | nn.Module) -> Tensor:
     """A dense table as is; a module's fp32 ``.weight`` (a native one makes a copy)."""
     return table if isinstance(table, Tensor) else table.weight
+
+
+def _half_linear(lin: nn.Linear) -> kernels.GGUFLinear | None:
+    """``lin`` as an F16 GGUFLinear when fp16 holds its weight exactly, else None."""
+    w = lin.weight.detach()
+    half = w.to(torch.float16)
+    if not torch.equal(half.to(w.dtype), w):
+        return None
+    out, k = w.shape
+    blocks = half.contiguous().view(torch.uint8).reshape(-1)
+    return kernels.GGUFLinear(blocks, kernels.QTYPES["F16"], out, k, lin.bias, name="drafter")
 
 
 def draft_rows(head: kernels.GGUFLinear, ids: Tensor) -> kernels.GGUFLinear:
