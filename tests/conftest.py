@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -42,3 +44,14 @@ def tiny_model(arch: str = "llama", seed: int = 0, std: float = 0.2, **kw: objec
 @pytest.fixture
 def llama_tiny() -> Transformer:
     return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread in this process for a module: its own decoding (references, in-process
+    runs) goes on beside trial children on the same 2 cores, where two threads wait on each other
+    for every tiny op; the children run one thread each, so outputs are computed alike."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
