@@ -1,10 +1,13 @@
 """Harness plumbing: frames and their limits, the timing slot (timing excludes all other work),
-Optuna candidates, the journal's torn-line tolerance, and Ray actors end to end (slow)."""
+Optuna candidates, the journal's torn-line tolerance, Ray actors end to end (slow), and what a
+trial child imports to set up."""
 
 from __future__ import annotations
 
 import os
 import struct
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -135,3 +138,29 @@ def test_optimize_makes_model_paths_absolute(
     monkeypatch.chdir(tmp_path)
     assert _model_ref("models/m") == str(tmp_path / "models" / "m")
     assert _model_ref("smollm2-135m") == "smollm2-135m"  # a known name, not a path
+
+
+CHILD_START = """
+import sys
+from specpilot.engine import GenerationConfig
+from specpilot.loading import load_model
+from specpilot.pilot.decoder import build_decoder
+from specpilot.pilot.steps import all_mechanisms
+from specpilot.plan import Plan
+loaded = load_model(sys.argv[1])
+dec = build_decoder(Plan(), loaded, all_mechanisms(()), tuple(loaded.tokenizer.eos_ids))
+dec.decode(list(range(3, 20)), GenerationConfig(max_new_tokens=4, stop_on_eos=False))
+print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
+"""
+
+
+def test_a_trial_child_sets_up_without_importing_dynamo(tmp_path: Path) -> None:
+    """What each trial child (and each CLI command) does at start: load, build, decode. Building
+    the model skeleton on the meta device must not pull in torch._dynamo (and sympy): seconds
+    per process, paid by every trial."""
+    model = tiny_model_dir(tmp_path / "model")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", CHILD_START, str(model)], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "[]", res.stdout
