@@ -1,7 +1,9 @@
 """The loop end to end on a tiny model, as a user runs it: the coordinator (a subprocess) is
 killed with SIGKILL after its first finished trial, then ``--resume`` finishes the run. No
 finished trial runs twice or is counted twice; a crashing candidate is recorded and the run goes
-on; the one real improvement is kept; plan.json, rounds.jsonl and report.html are written."""
+on; the one real improvement is kept; plan.json, rounds.jsonl and report.html are written.
+Only the killed run is a subprocess; the refused ``--out``, the resume and the recalling second
+run go through the same CLI entry point in this process (no second torch start-up each)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from specpilot.cli import main
 from specpilot.pilot.memory import Memory
 from specpilot.plan import AppliedMechanism, Plan, load_plan, save_plan
 
@@ -32,10 +35,6 @@ SETTINGS = {
 }  # fmt: skip
 
 
-def _cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "specpilot.cli_optimize", *args]
-
-
 def _trials(journal: Path) -> list[dict]:
     out = []
     for line in journal.read_text().splitlines():
@@ -48,7 +47,9 @@ def _trials(journal: Path) -> list[dict]:
     return out
 
 
-def test_kill_then_resume_loses_no_trial(tmp_path: Path) -> None:
+def test_kill_then_resume_loses_no_trial(
+    tmp_path: Path, capsys: pytest.CaptureFixture, one_torch_thread: None
+) -> None:
     model = tiny_model_dir(tmp_path / "model")
     words = ["alpha", "beta", "gamma", "delta", "sigma", "omega", "kappa", "theta"]
     with open(tmp_path / "prompts.jsonl", "w") as f:
@@ -61,16 +62,17 @@ def test_kill_then_resume_loses_no_trial(tmp_path: Path) -> None:
     )
     save_plan(start, tmp_path / "start.json")
     out, mem = tmp_path / "run", tmp_path / "memory.sqlite"
-    env = {**os.environ, "PYTHONPATH": REPO}
-    first = _cmd(
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}  # one torch thread
+    first = [
         "--model", str(model), "--prompts", str(tmp_path / "prompts.jsonl"),
         "--start-plan", str(tmp_path / "start.json"), "--max-new-tokens", str(MAX_NEW),
         "--out", str(out), "--memory", str(mem), "--candidates", "2", "--max-rounds", "1",
         "--mechanisms", "tests.pilot_loop_mechs", "--python-path", REPO, "--no-registry",
         "--memory-limit-gb", "4", "--budget-minutes", "8",
         *(a for k, v in SETTINGS.items() for a in ("--set", f"{k}={json.dumps(v)}")),
-    )  # fmt: skip
-    proc = subprocess.Popen(first, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "specpilot.cli_optimize", *first]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)  # fmt: skip
     journal = out / "journal.jsonl"
     deadline = time.monotonic() + 240
@@ -83,11 +85,11 @@ def test_kill_then_resume_loses_no_trial(tmp_path: Path) -> None:
     proc.wait()
     before = _trials(journal)
     assert len(before) == 1 and before[0]["kind"] == "explore"
-    with pytest.raises(Exception, match="already holds a run"):  # --out never overwrites a run
-        _run_ok([*first[:-2], "--budget-minutes", "8"], env, tmp_path)
+    capsys.readouterr()
+    assert main(["optimize", *first]) == 2  # --out never overwrites a run
+    assert "already holds a run" in capsys.readouterr().err
 
-    _run_ok(_cmd("--resume", str(out), "--memory", str(mem), "--budget-minutes", "8"), env,
-            tmp_path)  # fmt: skip
+    _run_ok(["--resume", str(out), "--memory", str(mem), "--budget-minutes", "8"], capsys)
 
     after = _trials(journal)
     keys = [t["key"] for t in after]
@@ -114,7 +116,7 @@ def test_kill_then_resume_loses_no_trial(tmp_path: Path) -> None:
     # a second run with this memory starts by recalling the winner: one trial, not three
     again = tmp_path / "again"
     _run_ok([*first[: first.index("--out")], "--out", str(again),
-             *first[first.index("--out") + 2 :]], env, tmp_path)  # fmt: skip
+             *first[first.index("--out") + 2 :]], capsys)  # fmt: skip
     trials = _trials(again / "journal.jsonl")
     assert [t["kind"] for t in trials] == ["recall"]
     assert trials[0]["steps"] == [["slow_kernel", {"fast": True}]]
@@ -128,7 +130,6 @@ def test_kill_then_resume_loses_no_trial(tmp_path: Path) -> None:
     m.close()
 
 
-def _run_ok(cmd: list[str], env: dict[str, str], cwd: Path) -> None:
-    res = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=400)
-    if res.returncode != 0:
-        raise RuntimeError(res.stderr[-3000:])
+def _run_ok(args: list[str], capsys: pytest.CaptureFixture) -> None:
+    rc = main(["optimize", *args])
+    assert rc == 0, capsys.readouterr().err[-3000:]
