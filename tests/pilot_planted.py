@@ -250,7 +250,7 @@ LOOP_MECHANISMS = (SlowKernel(), CrashKernel())
 
 
 class Sluggish(Planted):
-    """A kernel-factor mechanism whose requests (not the setup warm-up) take 2 s each: a trial of
+    """A kernel-factor mechanism whose requests (not the setup warm-up) take 1 s each: a trial of
     it stays in flight long enough to be interrupted."""
 
     id = "sluggish"
@@ -259,7 +259,7 @@ class Sluggish(Planted):
     def wrap_decode(self, decode: Decode, params: Mapping[str, Any]) -> Decode:
         def run(ids: list[int], gen: Any) -> Any:
             if not _warmup(gen):
-                time.sleep(2.0)
+                time.sleep(1.0)
             return decode(ids, gen)
 
         return run
