@@ -18,6 +18,8 @@ from .test_kernels import (
     DENSE,
     ISAS,
     QUANT,
+    SCALES,
+    SIZES,
     TILES,
     as_tensor,
     deq,
@@ -120,6 +122,99 @@ def test_portable_path_equals_avx2_bit_for_bit(name: str) -> None:
     a = mm(x, raw, name, n, k, bias, isa="portable")
     b = mm(x, raw, name, n, k, bias, isa="avx2")
     assert torch.equal(bits(a), bits(b))
+
+
+def extreme_weight(name: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Random valid blocks, then per row every non-scale byte set to one extreme pattern: 0x00
+    (Q4_0 -8, Q5_0 -16, Q6_K -32 with int8 sub-scales 0), 0xff (nibbles 15, Q5_0 +15, Q8_0 -1,
+    Q4_K 6-bit scales and mins 63), 0x80 (Q8_0 -128, Q6_K sub-scales -128), 0x7f (Q8_0 +127),
+    or random (every fifth row, which also gets zero fp16 scales: all-zero blocks)."""
+    raw = random_weight(name, n, k, seed).reshape(-1, SIZES[name])
+    blocks_per_row = raw.shape[0] // n
+    keep = np.zeros(SIZES[name], dtype=bool)
+    for off in SCALES[name]:
+        keep[off : off + 2] = True
+    for r in range(n):
+        rows = slice(r * blocks_per_row, (r + 1) * blocks_per_row)
+        pattern = [0x00, 0xFF, 0x80, 0x7F, None][r % 5]
+        if pattern is not None:
+            raw[rows, ~keep] = pattern
+        if r % 5 == 4:
+            raw[rows, :] = np.where(keep, 0, raw[rows, :])
+    return raw.reshape(n, -1)
+
+
+def extreme_rows(m: int, k: int, seed: int) -> torch.Tensor:
+    """Activation rows that quantize to +-127 everywhere (one sign, or alternating), all-zero
+    blocks, huge and tiny magnitudes, and random rows."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * 3
+    for r in range(m):
+        kind = r % 6
+        if kind == 0:
+            x[r] = 5.0
+        elif kind == 1:
+            x[r] = -7.0
+        elif kind == 2:
+            x[r] = torch.where(torch.arange(k) % 2 == 0, 1e30, -1e30)
+        elif kind == 3:
+            x[r, : k // 2] = 0.0
+        elif kind == 4:
+            x[r] *= 1e-30
+    return x
+
+
+@pytest.mark.skipif(not AVX2, reason="no AVX2 here")
+@pytest.mark.parametrize("name", QUANT)
+def test_avx2_equals_portable_for_all_counts_tiles_threads_and_extremes(name: str) -> None:
+    """Bit for bit at m = 1..20 and 130, odd n, every tile option, 1 and 2 threads, with
+    max-magnitude weights and activations (the int16 bounds of maddubs and the packed sums)
+    and all-zero blocks."""
+    n = 13
+    k = k_for(name, 2 if name in BLOCK else 21)  # 21 blocks: two groups of 8 and a tail of 5
+    raw = as_tensor(extreme_weight(name, n, k, seed=30))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(31))
+    prev = torch.get_num_threads()
+    try:
+        for m in [*range(1, 21), 130]:
+            x = extreme_rows(m, k, seed=32 + m)
+            ref = int8.gguf_matmul_int8(x, raw, qt(name), n, k, bias, isa_code("portable"))
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                for tile in TILES:
+                    got = int8.gguf_matmul_int8(x, raw, qt(name), n, k, bias, 2, *tile)
+                    assert torch.equal(bits(got), bits(ref)), (m, threads, tile)
+            torch.set_num_threads(prev)
+    finally:
+        torch.set_num_threads(prev)
+
+
+def test_max_magnitude_products_are_exact() -> None:
+    """Q8_0 weights of -128 against activations of -127 (the largest maddubs pair, 2 * 128 * 127):
+    each block's integer sum is exact, so a row of them gives the exact fp32 result."""
+    n, k = 3, 32 * 9
+    raw = np.zeros((n, k // 32, 34), dtype=np.uint8)
+    raw[:, :, 0:2] = np.array([1.0], dtype=np.float16).view(np.uint8)
+    raw[:, :, 2:] = 0x80
+    x = torch.full((2, k), -127.0)
+    for isa in ISAS:
+        y = mm(x, as_tensor(raw.reshape(n, -1)), "Q8_0", n, k, isa=isa)
+        assert torch.equal(y, torch.full((2, n), 128.0 * 127.0 * k)), isa
+
+
+def test_quantization_ties_round_half_to_even() -> None:
+    """x * (1 / d) exactly halfway between integers rounds to the even one (the AVX2 and the
+    portable rule alike: nearbyint in the default mode)."""
+    k = 64
+    x = torch.zeros(2, k)
+    x[:, 0] = 127.0  # d = 1, 1 / d = 1: x * id = x
+    x[:, 1:32] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5] * 4)[:31]
+    x[1, 32:] = torch.linspace(-127, 127, 32)
+    q, d, s = int8.quantize_rows(x)
+    wq, wd, ws = numpy_quantize(x.numpy())
+    assert np.array_equal(q.numpy(), wq) and int(q[0, 1]) == 0 and int(q[0, 3]) == 2
+    assert np.array_equal(d.numpy().view(np.int32), wd.view(np.int32))
+    assert np.array_equal(s.numpy().view(np.int32), ws.view(np.int32))
 
 
 def q4_1_terms(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

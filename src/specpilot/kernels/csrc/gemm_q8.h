@@ -2,9 +2,10 @@
 //
 // Activations are quantized per row in blocks of 32 (sp_q8_quantize): d = max|x| / 127 (fp32
 // division), id = d != 0 ? 1 / d : 0, q = x * id rounded to an integer, half to even (as
-// nearbyint in the default rounding mode), s = d * (float)sum(q); x must be finite. A weight block of 32 gives integers w[32] and floats
-// a (scale) and b (min; 0 when the type has none), so that the block's exact contribution
-// sum(w_dequant * x_dequant) is a * d * isum + b * s, with isum an exact int32 dot product
+// nearbyint in the default rounding mode), s = d * (float)sum(q); x must be finite. A weight
+// block of 32 gives integers w[32] and floats a (scale) and b (min; 0 when the type has none),
+// so that the block's exact contribution sum(w_dequant * x_dequant) is a * d * isum + b * s,
+// with isum an exact int32 dot product
 // (Q6_K: isum = sc0 * dot(lo 16) + sc1 * dot(hi 16), its two integer sub-scales folded in).
 #pragma once
 
@@ -121,6 +122,8 @@ inline void q8_weight_block(int qt, const uint8_t* row, int64_t s, int8_t* w, fl
 extern "C" {
 // Quantize m rows of k floats (k % 32 == 0) to Q8 blocks: q (m, k), d and s (m, k / 32).
 void sp_q8_quantize(const float* x, int64_t m, int64_t k, int8_t* q, float* d, float* s);
+// AVX2 quantization, the same bits as sp_q8_quantize.
+void sp_q8_quantize_avx2(const float* x, int64_t m, int64_t k, int8_t* q, float* d, float* s);
 // Portable int8-activation GEMM: columns [n0, n1), the profile's reference order.
 void sp_gemm_q8_scalar(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1);
 // AVX2 int8-activation GEMM: columns [n0, n1), row tile <= row_tile, column tile col_tile.

@@ -8,14 +8,22 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <memory>
 #include <tuple>
-#include <vector>
 
 #include "gemm_q8.h"
 #include "isa.h"
 
 namespace {
 
+// Q8 blocks of m rows of k floats, by the AVX2 path where it runs (the same bits).
+void quantize(bool avx2, const float* x, int64_t m, int64_t k, int8_t* q, float* d, float* s) {
+#if !defined(SP_NO_AVX2)
+  if (avx2) return sp_q8_quantize_avx2(x, m, k, q, d, s);
+#endif
+  sp_q8_quantize(x, m, k, q, d, s);
+}
 
 void check_x(const at::Tensor& x, int64_t k) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
@@ -33,8 +41,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> q8_quantize(const at::Tensor& x_i
   at::Tensor d = at::empty({m, k / 32}, x.options());
   at::Tensor s = at::empty({m, k / 32}, x.options());
   if (m > 0) {
-    sp_q8_quantize(x.data_ptr<float>(), m, k, q.data_ptr<int8_t>(), d.data_ptr<float>(),
-                   s.data_ptr<float>());
+    quantize(sp::use_avx2(0), x.data_ptr<float>(), m, k, q.data_ptr<int8_t>(),
+             d.data_ptr<float>(), s.data_ptr<float>());
   }
   return {q, d, s};
 }
@@ -62,18 +70,21 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
   const int64_t nb = k / 32;
-  std::vector<int8_t> q(static_cast<size_t>(m * k));
-  std::vector<float> ds(static_cast<size_t>(2 * m * nb));
-  sp_q8_quantize(x.data_ptr<float>(), m, k, q.data(), ds.data(), ds.data() + m * nb);
+  // uninitialized scratch: every element is written by the quantization
+  std::unique_ptr<int8_t[]> q(new int8_t[static_cast<size_t>(m * k)]);
+  std::unique_ptr<float[]> ds(new float[static_cast<size_t>(2 * m * nb)]);
+  quantize(avx2, x.data_ptr<float>(), m, k, q.get(), ds.get(), ds.get() + m * nb);
   const sp::Q8GemmArgs a{qt,
-                         sp::Q8Rows{q.data(), ds.data(), ds.data() + m * nb, m, k},
+                         sp::Q8Rows{q.get(), ds.get(), ds.get() + m * nb, m, k},
                          blocks.data_ptr<uint8_t>(),
                          rb,
                          bp,
                          y.data_ptr<float>(),
                          n};
-  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : (m == 1 ? 1 : 4);
-  const int ct = col_tile > 0 ? static_cast<int>(col_tile) : (m == 1 ? 4 : 2);
+  // default schedule: up to 4 rows share each decoded weight block; column tiles of 8 keep
+  // a row tile's activations and a column tile's weights in L1
+  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : 4;
+  const int ct = col_tile > 0 ? static_cast<int>(col_tile) : 8;
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
   at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
     if (avx2) {
