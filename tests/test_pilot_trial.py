@@ -25,7 +25,9 @@ BROKEN = {"segfault": CRASH, "hang": TIMEOUT, "memory_hog": CRASH}
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TrialResult]:
+def results(
+    tmp_path_factory: pytest.TempPathFactory, one_torch_thread: None
+) -> dict[str, TrialResult]:
     root = tmp_path_factory.mktemp("pilot_trial")
     model = tiny_model_dir(root / "model")
     ps = prompts(8)
