@@ -49,7 +49,7 @@ def _no_agent_module_imported() -> None:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def model(tmp_path_factory: pytest.TempPathFactory, one_torch_thread: None) -> Path:
     return tiny_model_dir(tmp_path_factory.mktemp("agent_model") / "model")
 
 
