@@ -92,7 +92,7 @@ class ScriptedExecutor:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def model(tmp_path_factory: pytest.TempPathFactory, one_torch_thread: None) -> Path:
     return tiny_model_dir(tmp_path_factory.mktemp("honesty") / "model")
 
 
