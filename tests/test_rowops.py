@@ -154,15 +154,19 @@ def doc_rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def doc_exp(x: np.ndarray) -> np.ndarray:
+    """The kernels' one exp (csrc/fixed_exp.h), as the contract writes it."""
     f = np.float32
-    x = np.maximum(np.minimum(x, f(88.0)), f(-87.0))
-    n = np.rint(x * f(1.44269504088896341))
-    r = fma32(-n, f(0.693359375), x)
-    r = fma32(-n, f(-2.12194440e-4), r)
-    p = np.full_like(x, f(1 / 5040))
-    for c in (1 / 720, 1 / 120, 1 / 24, 1 / 6, 0.5, 1.0, 1.0):
-        p = fma32(p, r, np.full_like(x, f(c)))
-    return p * np.ldexp(np.ones_like(x), n.astype(np.int32)).astype(f)
+    c = np.minimum(x, f(88.0))
+    t = fma32(c, f(1.44269504088896341), f(12582912.0))
+    n = t - f(12582912.0)
+    r = fma32(n, f(-0.693359375), c)
+    r = fma32(n, f(2.12194440e-4), r)
+    p = np.full_like(c, f(1.9875691500e-4))
+    for k in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = fma32(p, r, np.full_like(c, f(k)))
+    y = fma32(p, r * r, r) + f(1)
+    out = y * np.ldexp(np.ones_like(c), n.astype(np.int32)).astype(f)
+    return np.where(x < f(-87.33654), f(0), out).astype(f)
 
 
 def test_ops_follow_the_documented_order() -> None:

@@ -79,11 +79,9 @@ row of the cos/sin tables) only, in this order:
    norms are given: ``y[j] = s[j]*cos[j] - s[j+h]*sin[j]``, ``y[j+h] = s[j+h]*cos[j+h] +
    s[j]*sin[j]`` (two rounded products, then one add): bit-identical to the torch formula
    ``qk*cos + rotate_half(qk)*sin``.
-3. Gated products: ``y = (g / (1 + exp_c(-z))) * u`` with ``z = g`` (SiLU) or ``z = g * ((g *
-   g) * B + A)`` (GELU-tanh as a sigmoid, A = 2 sqrt(2/pi), B = 0.044715 A). ``exp_c``: clamp
-   to [-87, 88], ``n = nearbyint(x * log2 e)``, ``r = fma(-n, ln2_hi, x)``, ``r = fma(-n,
-   ln2_lo, r)``, the degree-7 Taylor polynomial by Horner with fma, times ``2^n`` from exponent
-   bits (csrc/rowops.h; the AVX2 path does the same operations lane by lane).
+3. Gated products: ``y = (g / (1 + exp(-z))) * u`` with ``z = g`` (SiLU) or ``z = g * ((g *
+   g) * B + A)`` (GELU-tanh as a sigmoid, A = 2 sqrt(2/pi), B = 0.044715 A); exp is the
+   attention's ``fixed_exp`` (one exp for the kernels: csrc/fixed_exp.h, scalar and 8-lane).
 
 Threads split the rows, never a row, so the bits do not depend on the number of rows, a row's
 position, the thread count or the ISA. The model runs these ops with native weights

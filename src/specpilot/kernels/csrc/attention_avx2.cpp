@@ -5,7 +5,7 @@
 // accumulator per (row, key) (lane i gets the elements d = 8t + i, increasing t,
 // _mm256_fmadd_ps), then reduce8x8 does the contract's pairwise reduction for all eight at once
 // (lanes i and i+4, then i and i+2, then 0 and 1: the same additions as attention.h reduce8,
-// only transposed). exp8 is fixed_exp step for step. The sum of p_i keeps lane i % 8 in a
+// only transposed). exp8 (fixed_exp.h) is fixed_exp lane by lane. The sum of p_i keeps lane i % 8 in a
 // vector; the weighted sum of V is vectorized over the head dimension (every element still
 // accumulates in increasing key rank). How rows are tiled changes no row's arithmetic. A head
 // dimension that is not a multiple of 8 runs the portable rows. Compiled with -mavx2 -mfma.
@@ -18,26 +18,7 @@
 
 namespace {
 
-inline __m256 exp8(__m256 x) {
-  const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(sp::kExpLo), _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_set1_ps(sp::kExpHi), x);  // NaN stays NaN (min returns x)
-  const __m256 magic = _mm256_set1_ps(sp::kMagic);
-  const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(sp::kLog2e), magic);
-  const __m256 n = _mm256_sub_ps(t, magic);
-  const __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(magic));
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-sp::kC1), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-sp::kC2), r);
-  __m256 p = _mm256_set1_ps(sp::kP0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(sp::kP1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(sp::kP2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(sp::kP3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(sp::kP4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(sp::kP5));
-  const __m256 z = _mm256_mul_ps(r, r);
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, z, r), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
-}
+using sp_exp::exp8;  // fixed_exp.h
 
 inline float reduce8(__m256 v) {
   alignas(32) float l[8];

@@ -11,16 +11,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fixed_exp.h"
+
 namespace sp_row {
 
-// exp: clamp, Cody-Waite reduction by ln 2, degree-7 Taylor polynomial (Horner, fma), 2^n.
-constexpr float kExpHi = 88.0f;
-constexpr float kExpLo = -87.0f;
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f;
-constexpr float kLn2Lo = -2.12194440e-4f;
-constexpr float kExpC[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
-                            1.0f / 6,    0.5f,       1.0f,       1.0f};
 // GELU-tanh gate as a sigmoid: 0.5 * (1 + tanh(y)) = 1 / (1 + exp(-2y)),
 // 2y = g * (kGeluA + kGeluB * g * g) with kGeluA = 2 sqrt(2 / pi), kGeluB = kGeluA * 0.044715.
 constexpr float kGeluA = 1.5957691216057308f;
@@ -28,26 +22,8 @@ constexpr float kGeluB = 0.0713548162726f;
 
 enum GluKind : int { kSilu = 0, kGeluTanh = 1 };
 
-static inline float bits_to_f32(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
-// The contract's exp; the AVX2 path computes the same operations lane by lane.
-static inline float exp_c(float x) {
-  x = x < kExpHi ? x : kExpHi;  // as _mm256_min_ps(x, hi): NaN becomes hi
-  x = x > kExpLo ? x : kExpLo;  // as _mm256_max_ps(x, lo)
-  const float n = std::nearbyint(x * kLog2e);
-  float r = std::fma(-n, kLn2Hi, x);
-  r = std::fma(-n, kLn2Lo, r);
-  float p = kExpC[0];
-  for (int i = 1; i < 8; ++i) p = std::fma(p, r, kExpC[i]);
-  const uint32_t e = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  return p * bits_to_f32(e);
-}
-
-// act(g) * u with act(g) = g / (1 + exp(-z)), z = g (SiLU) or the GELU-tanh argument.
+// act(g) * u with act(g) = g / (1 + exp(-z)), z = g (SiLU) or the GELU-tanh argument; exp is
+// the kernels' one exp (fixed_exp.h).
 static inline float glu_c(float g, float u, int kind) {
   float z = g;
   if (kind == kGeluTanh) {
@@ -56,7 +32,7 @@ static inline float glu_c(float g, float u, int kind) {
     t = t + kGeluA;
     z = g * t;
   }
-  const float a = g / (1.0f + exp_c(-z));
+  const float a = g / (1.0f + sp_exp::exp1(-z));
   return a * u;
 }
 

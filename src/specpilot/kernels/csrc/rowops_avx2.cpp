@@ -3,9 +3,8 @@
 // One __m256 accumulator holds the 8 lanes of a row's sum of squares (lane i: elements 8t + i,
 // fused in increasing t), reduced in the contract's fixed pairwise order; the tail of a row
 // whose length is not a multiple of 8 goes to its lanes k % 8 by scalar std::fma. The vector exp
-// performs exp_c's operations lane by lane (min/max, round to nearest even, fnmadd, Horner fma,
-// exponent bits), so every path gives the same bits. Compiled with -mavx2 -mfma; called only
-// after a run-time CPU check.
+// is fixed_exp.h's exp8 (its exp1 lane by lane), so every path gives the same bits. Compiled with
+// -mavx2 -mfma; called only after a run-time CPU check.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -62,19 +61,7 @@ void rope_head(const float* s, const float* c, const float* sn, float* y, int64_
   }
 }
 
-__m256 exp8(__m256 x) {
-  x = _mm256_min_ps(x, _mm256_set1_ps(sp_row::kExpHi));
-  x = _mm256_max_ps(x, _mm256_set1_ps(sp_row::kExpLo));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(sp_row::kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(sp_row::kLn2Hi), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(sp_row::kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(sp_row::kExpC[0]);
-  for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(sp_row::kExpC[i]));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+using sp_exp::exp8;  // fixed_exp.h
 
 __m256 glu8(__m256 g, __m256 u, int kind) {
   __m256 z = g;
