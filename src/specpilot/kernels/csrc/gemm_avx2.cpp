@@ -166,6 +166,11 @@ struct FBF16 {
   }
 };
 
+// Weight bytes per load step, rounded up (at most 34: one prefetch per step touches every line).
+inline int64_t step_bytes(const sp::GemmArgs& a, int64_t steps) {
+  return steps > 0 ? (a.row_bytes + steps - 1) / steps : 0;
+}
+
 template <class F, int RB, int CN>
 void tile(const sp::GemmArgs& a, int64_t r0, int64_t c0) {
   constexpr int E = 8 * F::NV;  // elements per load
@@ -176,8 +181,12 @@ void tile(const sp::GemmArgs& a, int64_t r0, int64_t c0) {
   for (int c = 0; c < CN; ++c) wr[c] = a.w + (c0 + c) * a.row_bytes;
   const float* xr = a.x + r0 * a.k;
   const int64_t steps = a.k / E;
+  // software prefetch of the next column tile, as far into it as this one has come (the
+  // hardware prefetcher alone leaves a one-row stream over a large weight latency-bound)
+  const int64_t bps = step_bytes(a, steps), ahead = CN * a.row_bytes;
   for (int64_t s = 0; s < steps; ++s) {
     for (int c = 0; c < CN; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr[c]) + ahead + s * bps, _MM_HINT_T0);
       __m256 w[F::NV];
       F::load(wr[c], s, w);
       for (int r = 0; r < RB; ++r) {
@@ -247,6 +256,7 @@ void column_tile(const sp::GemmArgs& a, int64_t c0, int row_tile) {
 
 constexpr int kMaxAcc = 12;          // accumulators of one micro-kernel (16 ymm registers)
 constexpr int64_t kPanelBytes = 24576;  // decoded panel per thread (L1-resident for k = 576)
+constexpr int64_t kPrefetchBytes = 2048;  // software prefetch distance of the panel decode
 
 struct Scratch {
   float* p = nullptr;
@@ -272,7 +282,10 @@ void decode_column(const sp::GemmArgs& a, int64_t col, float* dst) {
   constexpr int E = 8 * F::NV;
   const uint8_t* row = a.w + col * a.row_bytes;
   const int64_t steps = a.k / E;
+  const char* next = reinterpret_cast<const char*>(row) + kPrefetchBytes;  // the columns after
+  const int64_t bps = step_bytes(a, steps);
   for (int64_t s = 0; s < steps; ++s) {
+    _mm_prefetch(next + s * bps, _MM_HINT_T0);
     __m256 w[F::NV];
     F::load(row, s, w);
     for (int v = 0; v < F::NV; ++v) _mm256_store_ps(dst + s * E + 8 * v, w[v]);
