@@ -24,6 +24,8 @@
 
 namespace {
 
+constexpr int64_t kPrefetch = 8;  // columns
+
 inline float h2f(const uint8_t* p) { return _cvtsh_ss(sp::rd16(p)); }
 
 inline __m256i zi() { return _mm256_setzero_si256(); }
@@ -319,6 +321,11 @@ template <class W, int RB>
 void column_rows(const sp::Q8GemmArgs& a, int64_t r0, int64_t col) {
   const int64_t nb = a.x.k / 32;
   const uint8_t* row = a.w + col * a.row_bytes;
+  // the weights of the column kPrefetch ahead (streamed from memory once per call at m = 1)
+  if (col + kPrefetch < a.n) {
+    const char* ahead = reinterpret_cast<const char*>(row + kPrefetch * a.row_bytes);
+    for (int64_t o = 0; o < a.row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+  }
   __m256 acc[RB];
   for (int r = 0; r < RB; ++r) acc[r] = _mm256_setzero_ps();
   int64_t g = 0;
