@@ -105,3 +105,26 @@ def test_module_forward_without_fixed_attention_or_with_ranges(files: dict[str, 
         set_kernel_ranges(False)
     m(torch.tensor([[5, 6]]), torch.arange(2)[None], 0, 2)
     assert m._plan is not None
+
+
+def test_prepack_after_a_forward_rebuilds_the_plan() -> None:
+    def make() -> Transformer:
+        m = tiny_model("llama", seed=5)
+        assert m.set_rowops(True)
+        m.setup_cache(LEN, attention="fixed")
+        return m
+
+    toks, pos = torch.tensor([[5, 6, 7]]), torch.arange(3)[None]
+    lean, plain = make(), make()
+    plain._lean_plan = lambda: None
+    with torch.inference_mode():
+        lean(toks, pos, 0, 3)  # the plan now holds the unpacked projections
+        lean.prepack()
+        plain.prepack()
+        if not lean.prepacked:
+            pytest.skip("oneDNN prepacking unavailable")
+        got = lean(toks, pos, 0, 3).logits
+        assert lean._plan is not None and lean._plan.layers[0].o_proj.__self__ is (
+            lean.model.layers[0].self_attn.o_proj
+        )
+        assert torch.equal(got, plain(toks, pos, 0, 3).logits)

@@ -311,6 +311,7 @@ class Transformer(nn.Module):
             del mlp.gate_proj, mlp.up_proj
         self._head_plain = self.lm_head.weight
         self.lm_head = PackedLinear(self.lm_head.weight, None)
+        self._plan = None
 
     @property
     def native(self) -> bool:
