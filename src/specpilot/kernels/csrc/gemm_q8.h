@@ -22,6 +22,7 @@ struct Q8Rows {
   const float* s;
   int64_t m;
   int64_t k;
+  const int32_t* qsum = nullptr;  // (m, k / 32) integer block sums (AVX2 path: Q4_0, Q5_0)
 };
 
 // One GEMM y[m, n] = x[m, k] . w[n, k]^T (+ bias[n]) with x in Q8 blocks.
@@ -122,8 +123,9 @@ inline void q8_weight_block(int qt, const uint8_t* row, int64_t s, int8_t* w, fl
 extern "C" {
 // Quantize m rows of k floats (k % 32 == 0) to Q8 blocks: q (m, k), d and s (m, k / 32).
 void sp_q8_quantize(const float* x, int64_t m, int64_t k, int8_t* q, float* d, float* s);
-// AVX2 quantization, the same bits as sp_q8_quantize.
-void sp_q8_quantize_avx2(const float* x, int64_t m, int64_t k, int8_t* q, float* d, float* s);
+// AVX2 quantization, the same bits as sp_q8_quantize; qsum (nullable): the integer block sums.
+void sp_q8_quantize_avx2(const float* x, int64_t m, int64_t k, int8_t* q, float* d, float* s,
+                         int32_t* qsum);
 // Portable int8-activation GEMM: columns [n0, n1), the profile's reference order.
 void sp_gemm_q8_scalar(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1);
 // AVX2 int8-activation GEMM: columns [n0, n1), row tile <= row_tile, column tile col_tile.

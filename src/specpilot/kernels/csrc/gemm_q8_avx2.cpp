@@ -2,8 +2,9 @@
 //
 // A weight block's 32 integers sit in one __m256i, decoded once per column and group of 8
 // blocks and used for every row of the row tile (up to 4 rows). Its exact dot product with a Q8
-// activation block is _mm256_maddubs_epi16 (unsigned weights directly: |w| <= 15, a pair is at
-// most 2 * 15 * 127; signed ones as |w| <= 128 with the sign moved onto x: a pair is at most
+// activation block is _mm256_maddubs_epi16 (unsigned weights directly: u <= 31, a pair is at
+// most 2 * 31 * 127; Q4_0 and Q5_0 as u = w + 8 or w + 16, with 8 or 16 * sum(q) taken off the
+// block's sum; signed ones as |w| <= 128 with the sign moved onto x: a pair is at most
 // 2 * 128 * 127 < 2^15, so the int16 sums never saturate), then _mm256_madd_epi16 by ones:
 // eight int32 partial sums, lanes 0-3 over elements 0-15 and lanes 4-7 over elements 16-31.
 // Eight blocks are reduced by a pairwise tree (pair(): integer, so order-free) to their sums
@@ -96,12 +97,13 @@ struct Scales {
 
 // Weight types: block(base, j) gives the integers of block j of the group at base (signed
 // types: |w| in u and w in s); scales<CNT>(base) the scales of its first CNT blocks.
+// Q4_0 and Q5_0 run as unsigned w + 8 (<= 15) and w + 16 (<= 31): isum = dot(u, q) - o * sum(q).
 struct WQ4_0 {
-  static constexpr bool kSigned = true, kMin = false, kQ6 = false, kNarrow = true;
+  static constexpr bool kSigned = false, kMin = false, kQ6 = false, kNarrow = true;
+  static constexpr int kOffsetLog2 = 3;
   static constexpr int kBytes = 18;
-  static inline void block(const uint8_t* base, int j, __m256i* u, __m256i* s) {
-    *s = _mm256_sub_epi8(nibbles32(base + j * kBytes + 2), _mm256_set1_epi8(8));
-    *u = _mm256_sign_epi8(*s, *s);
+  static inline void block(const uint8_t* base, int j, __m256i* u, __m256i*) {
+    *u = nibbles32(base + j * kBytes + 2);
   }
   template <int CNT>
   static inline Scales scales(const uint8_t* base) {
@@ -111,6 +113,7 @@ struct WQ4_0 {
 
 struct WQ4_1 {
   static constexpr bool kSigned = false, kMin = true, kQ6 = false, kNarrow = true;
+  static constexpr int kOffsetLog2 = 0;
   static constexpr int kBytes = 20;
   static inline void block(const uint8_t* base, int j, __m256i* u, __m256i*) {
     *u = nibbles32(base + j * kBytes + 4);
@@ -124,15 +127,14 @@ struct WQ4_1 {
 };
 
 struct WQ5_0 {
-  static constexpr bool kSigned = true, kMin = false, kQ6 = false, kNarrow = true;
+  static constexpr bool kSigned = false, kMin = false, kQ6 = false, kNarrow = true;
+  static constexpr int kOffsetLog2 = 4;
   static constexpr int kBytes = 22;
-  static inline void block(const uint8_t* base, int j, __m256i* u, __m256i* s) {
+  static inline void block(const uint8_t* base, int j, __m256i* u, __m256i*) {
     const uint8_t* p = base + j * kBytes;
-    // nibble | 0xf0 where the fifth bit is clear: nibble + 16 * bit - 16 as int8
-    const __m256i hi =
-        _mm256_andnot_si256(bits32(p + 2), _mm256_set1_epi8(static_cast<char>(0xf0)));
-    *s = _mm256_or_si256(nibbles32(p + 6), hi);
-    *u = _mm256_sign_epi8(*s, *s);
+    // nibble | 16 where the fifth bit is set: w + 16
+    const __m256i hi = _mm256_and_si256(bits32(p + 2), _mm256_set1_epi8(0x10));
+    *u = _mm256_or_si256(nibbles32(p + 6), hi);
   }
   template <int CNT>
   static inline Scales scales(const uint8_t* base) {
@@ -142,6 +144,7 @@ struct WQ5_0 {
 
 struct WQ8_0 {
   static constexpr bool kSigned = true, kMin = false, kQ6 = false, kNarrow = false;
+  static constexpr int kOffsetLog2 = 0;
   static constexpr int kBytes = 34;
   static inline void block(const uint8_t* base, int j, __m256i* u, __m256i* s) {
     *s = load32(base + j * kBytes + 2);
@@ -156,6 +159,7 @@ struct WQ8_0 {
 // K types: a group of 8 blocks is one super-block of 256 (k is a multiple of 256).
 struct WQ4_K {
   static constexpr bool kSigned = false, kMin = true, kQ6 = false, kNarrow = true;
+  static constexpr int kOffsetLog2 = 0;
   static inline void block(const uint8_t* base, int j, __m256i* u, __m256i*) {
     __m256i q = load32(base + 16 + 32 * (j / 2));
     if (j % 2) q = _mm256_srli_epi16(q, 4);
@@ -183,6 +187,7 @@ struct WQ4_K {
 
 struct WQ6_K {
   static constexpr bool kSigned = true, kMin = false, kQ6 = true, kNarrow = true;
+  static constexpr int kOffsetLog2 = 0;
   static inline void block(const uint8_t* base, int j, __m256i* u, __m256i* s) {
     const int h = j / 4, jj = j % 4;
     __m256i ql = load32(base + 64 * h + 32 * (jj % 2));
@@ -284,11 +289,17 @@ inline void group(const sp::Q8GemmArgs& a, const uint8_t* row, int64_t r0, int64
   for (int r = 0; r < RB; ++r) {
     const __m256i lo = _mm256_permute2x128_si256(q0[r], q1[r], 0x20);
     const __m256i hi = _mm256_permute2x128_si256(q0[r], q1[r], 0x31);
-    const __m256i isum = W::kQ6 ? _mm256_add_epi32(_mm256_mullo_epi32(lo, sc.se),
+    __m256i isum = W::kQ6 ? _mm256_add_epi32(_mm256_mullo_epi32(lo, sc.se),
                                                    _mm256_mullo_epi32(hi, sc.so))
                                 : _mm256_add_epi32(lo, hi);
     const int64_t off = (r0 + r) * nb + g;
     const bool full = CNT == 8;
+    if constexpr (W::kOffsetLog2 > 0) {
+      const int* qs = a.x.qsum + off;
+      const __m256i sq = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs))
+                              : _mm256_maskload_epi32(qs, mask);
+      isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(sq, W::kOffsetLog2));
+    }
     const __m256 dx = full ? _mm256_loadu_ps(a.x.d + off) : _mm256_maskload_ps(a.x.d + off, mask);
     __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(sc.a, dx), _mm256_cvtepi32_ps(isum), acc[r]);
     if constexpr (W::kMin) {
@@ -379,7 +390,7 @@ extern "C" void sp_gemm_q8_avx2(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1,
 }
 
 extern "C" void sp_q8_quantize_avx2(const float* x, int64_t m, int64_t k, int8_t* q, float* d,
-                                    float* s) {
+                                    float* s, int32_t* qsum) {
   const int64_t nb = k / 32;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -415,5 +426,6 @@ extern "C" void sp_q8_quantize_avx2(const float* x, int64_t m, int64_t k, int8_t
                         _mm256_permutevar8x32_epi32(p16, order));
     d[i] = dj;
     s[i] = dj * static_cast<float>(_mm_cvtsi128_si32(s4));
+    if (qsum != nullptr) qsum[i] = _mm_cvtsi128_si32(s4);
   }
 }

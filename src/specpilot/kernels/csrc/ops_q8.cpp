@@ -17,10 +17,12 @@
 
 namespace {
 
-// Q8 blocks of m rows of k floats, by the AVX2 path where it runs (the same bits).
-void quantize(bool avx2, const float* x, int64_t m, int64_t k, int8_t* q, float* d, float* s) {
+// Q8 blocks of m rows of k floats, by the AVX2 path where it runs (the same bits; qsum, the
+// integer block sums, only there).
+void quantize(bool avx2, const float* x, int64_t m, int64_t k, int8_t* q, float* d, float* s,
+              int32_t* qsum = nullptr) {
 #if !defined(SP_NO_AVX2)
-  if (avx2) return sp_q8_quantize_avx2(x, m, k, q, d, s);
+  if (avx2) return sp_q8_quantize_avx2(x, m, k, q, d, s, qsum);
 #endif
   sp_q8_quantize(x, m, k, q, d, s);
 }
@@ -73,9 +75,12 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   // uninitialized scratch: every element is written by the quantization
   std::unique_ptr<int8_t[]> q(new int8_t[static_cast<size_t>(m * k)]);
   std::unique_ptr<float[]> ds(new float[static_cast<size_t>(2 * m * nb)]);
-  quantize(avx2, x.data_ptr<float>(), m, k, q.get(), ds.get(), ds.get() + m * nb);
+  // the AVX2 path runs Q4_0 and Q5_0 as unsigned integers: isum = dot(w + o, q) - o * sum(q)
+  const bool sums = avx2 && (qt == sp::Q4_0 || qt == sp::Q5_0);
+  std::unique_ptr<int32_t[]> qsum(sums ? new int32_t[static_cast<size_t>(m * nb)] : nullptr);
+  quantize(avx2, x.data_ptr<float>(), m, k, q.get(), ds.get(), ds.get() + m * nb, qsum.get());
   const sp::Q8GemmArgs a{qt,
-                         sp::Q8Rows{q.get(), ds.get(), ds.get() + m * nb, m, k},
+                         sp::Q8Rows{q.get(), ds.get(), ds.get() + m * nb, m, k, qsum.get()},
                          blocks.data_ptr<uint8_t>(),
                          rb,
                          bp,
