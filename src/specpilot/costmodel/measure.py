@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
-from torch.profiler import ProfilerActivity
-from torch.profiler import profile as torch_profile
+from torch.autograd.profiler import profile as kineto_profile
 
 from specpilot.engine import Engine
 from specpilot.profiling import KERNEL_CLASSES, set_kernel_ranges
@@ -98,20 +97,16 @@ def _quiet_kineto() -> None:
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
-def _activities(device: torch.device) -> list[ProfilerActivity]:
-    acts = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        acts.append(ProfilerActivity.CUDA)
-    return acts
-
-
 def profiled(fn: Callable[[], R], device: torch.device) -> tuple[R, ClassTimes]:
-    """Run ``fn`` with kernel ranges on under torch.profiler; its result and the class times."""
+    """Run ``fn`` with kernel ranges on under the Kineto profiler; its result and the class
+    times. The autograd profiler itself (what torch.profiler.profile wraps, same events): the
+    wrapper's start imports torch._inductor, seconds in every profiling process."""
     _quiet_kineto()
-    with _ranges(), torch_profile(activities=_activities(device)) as prof:
+    cuda = device.type == "cuda"
+    with _ranges(), kineto_profile(use_device="cuda" if cuda else None, use_kineto=True) as prof:
         out = fn()
-    events = prof.profiler.kineto_results.events()  # type: ignore[union-attr]
-    return out, collect(events, device.type == "cuda")
+    events = prof.kineto_results.events()
+    return out, collect(events, cuda)
 
 
 def collect(events: Any, cuda: bool) -> ClassTimes:
