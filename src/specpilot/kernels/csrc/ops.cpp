@@ -1,14 +1,12 @@
 // Torch custom ops over GGUF blocks (namespace `specpilot`): checks, threads, ISA dispatch.
 //
-// Threads split the output columns (chunks of units of sp::kColumnUnit columns, taken in turn by
-// the at::parallel_for workers); k is never split, so a thread count or schedule changes only
-// which thread computes a column, never how.
+// Threads split the output columns (at::parallel_for over units of sp::kColumnUnit columns);
+// k is never split, so a thread count changes only which thread computes a column, never how.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <string>
 
 #include "formats.h"
@@ -72,29 +70,16 @@ at::Tensor gguf_matmul(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   const int ct = col_tile > 0 ? static_cast<int>(col_tile) : (a.m == 1 ? 4 : 3);
   const int64_t unit = sp::kColumnUnit;
   const int64_t units = (n + unit - 1) / unit;
-  const int64_t grain = grain_units(a.m, k);
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), (units + grain - 1) / grain);
-  // Chunks of columns handed out in order to whichever worker is free (a thread that lost its
-  // core to another process does not hold the call up); ~8 chunks per worker.
-  const int64_t chunk = std::max<int64_t>(grain, units / (8 * std::max<int64_t>(1, workers)));
-  std::atomic<int64_t> next{0};
-  auto work = [&](int64_t, int64_t) {
-    for (int64_t u0 = next.fetch_add(chunk); u0 < units; u0 = next.fetch_add(chunk)) {
-      const int64_t n0 = u0 * unit, n1 = std::min(n, (u0 + chunk) * unit);
-      if (avx2) {
+  at::parallel_for(0, units, grain_units(a.m, k), [&](int64_t u0, int64_t u1) {
+    const int64_t n0 = u0 * unit, n1 = std::min(n, u1 * unit);
+    if (avx2) {
 #if !defined(SP_NO_AVX2)
-        sp_gemm_avx2(&a, n0, n1, rt, ct);
+      sp_gemm_avx2(&a, n0, n1, rt, ct);
 #endif
-      } else {
-        sp_gemm_scalar(&a, n0, n1, 8);
-      }
+    } else {
+      sp_gemm_scalar(&a, n0, n1, 8);
     }
-  };
-  if (workers <= 1) {
-    work(0, 1);
-  } else {
-    at::parallel_for(0, workers, 1, work);
-  }
+  });
   return y;
 }
 
