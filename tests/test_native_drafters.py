@@ -183,3 +183,19 @@ def test_shipped_precision_linears_run_on_f16_blocks(
                               intermediate_size=128)  # fmt: skip
     other = load_trained_drafter(saved, dense_target)  # an fp32 target: the oneDNN copies
     assert not other.net.half_weights and other.net.native == (None, None)
+
+
+def test_default_plan_on_native_weights_uses_the_goodput_budget(
+    targets: dict[str, LoadedModel],
+) -> None:
+    from specpilot.runtime import build, default_plan
+
+    plan = default_plan(targets["tied"])
+    assert plan.engine.goodput and plan.drafter == "suffix"
+    built = build(plan, targets["tied"])
+    gen = GenerationConfig(max_new_tokens=12)
+    plain = Engine(targets["tied"].model)
+    for p in PROMPTS:
+        ref = plain.generate(list(p), gen).tokens
+        res = built.engine.generate(list(p), gen, drafter=built.make_drafter(), spec=built.spec)
+        assert res.tokens == ref

@@ -72,14 +72,23 @@ class Built:
 def default_plan(loaded: Any) -> Plan:
     """What ``specpilot bench`` runs with no flags, on the loaded model's device and dtype: the
     shipped head with suffix drafting and a dynamic tree of 10 nodes where a trained head ships
-    for the target (the fastest measured there), else suffix drafting with a chain of 5."""
+    for the target (the fastest measured there), else suffix drafting with a chain of 5.
+
+    On native GGUF weights (CPU) the tree is a cap and the goodput budget
+    (:mod:`specpilot.goodput`) picks the nodes per step by expected tokens per measured second:
+    there one verify row costs a large share of a step (BENCHMARKS.md, "native GEMM decodes each
+    weight once"), so a fixed 10-node tree ran at 1.00x plain on HumanEval and 0.68x on chat,
+    the goodput budget at 1.16x and 1.00x."""
     model = loaded.model
     dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
     drafter, tree = default_drafting(loaded)
+    native = model.device.type == "cpu" and bool(getattr(model, "native", False))
     return Plan(
         drafter=drafter,
         tree=tree,
-        engine=EngineConfig(device=str(model.device), dtype=dtype.get(model.dtype, "float32")),
+        engine=EngineConfig(
+            device=str(model.device), dtype=dtype.get(model.dtype, "float32"), goodput=native
+        ),
     )
 
 
