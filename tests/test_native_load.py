@@ -326,3 +326,23 @@ def test_commands_share_the_default_and_hf_peers_get_fp32(
         plan_setup.setup(args("--weights", "native"), hf_peers=True)
     train = build_parser().parse_args(["train-drafter", "--out", str(tmp_path / "d")])
     assert train.weights == "auto"
+
+
+def test_heap_release_degrades_where_libc_has_no_malloc_trim(monkeypatch: Any) -> None:
+    import ctypes
+
+    from specpilot.loading import native as native_mod
+
+    calls: list[int] = []
+
+    class Glibc:
+        def malloc_trim(self, pad: int) -> int:
+            calls.append(pad)
+            return 1
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Glibc())
+    native_mod.release_heap()
+    assert calls == [0]
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: object())  # musl, macOS: no malloc_trim
+    native_mod.release_heap()
+    assert calls == [0]

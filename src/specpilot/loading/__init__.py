@@ -216,7 +216,7 @@ def load_model(
         raise ModelLoadError(
             f"cannot load {path}: expected a Hugging Face model directory or a .gguf file"
         )
-    return LoadedModel(
+    loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
         cfg=cfg,
@@ -224,3 +224,6 @@ def load_model(
         fingerprint=model_fingerprint(cfg, tokenizer),
         notes=notes,
     )
+    if mode == "native":
+        native.release_heap()
+    return loaded
