@@ -199,3 +199,16 @@ def test_default_plan_on_native_weights_uses_the_goodput_budget(
         ref = plain.generate(list(p), gen).tokens
         res = built.engine.generate(list(p), gen, drafter=built.make_drafter(), spec=built.spec)
         assert res.tokens == ref
+
+
+def test_bench_flags_default_to_goodput_on_native_weights(
+    targets: dict[str, LoadedModel],
+) -> None:
+    from specpilot.cli import build_parser
+    from specpilot.plan_setup import flag_plans
+
+    lm = targets["tied"]
+    for flags, want in (([], True), (["--no-goodput"], False), (["--goodput"], True),
+                        (["--drafter", "lookup"], True)):  # fmt: skip
+        args = build_parser().parse_args(["bench", *flags])
+        assert [p.engine.goodput for _, p in flag_plans(args, lm)] == [want], flags

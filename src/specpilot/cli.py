@@ -115,11 +115,11 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--goodput",
-        action="store_const",
-        const=True,
+        action=argparse.BooleanOptionalAction,
         default=None,
         help="choose the verify budget per step by expected tokens per second, down to plain "
-        "decoding where drafting does not pay (the goodput_budget mechanism)",
+        "decoding where drafting does not pay (the goodput_budget mechanism; default: on for "
+        "native GGUF weights on CPU, off otherwise)",
     )
     g.add_argument("--lookup-min-n", type=int, default=None, help="lookup: shortest n-gram (1)")
     g.add_argument("--lookup-max-n", type=int, default=None, help="lookup: longest n-gram (4)")

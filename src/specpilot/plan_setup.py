@@ -15,6 +15,7 @@ with a draft model gets one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,9 +134,11 @@ def flag_plans(args: argparse.Namespace, loaded: Any) -> list[tuple[str, Any]]:
     """(label, plan) per ``--drafter`` x ``--tree`` (see the module docstring)."""
     from specpilot.drafters import DRAFTERS
     from specpilot.plan import Plan
-    from specpilot.runtime import default_drafting
+    from specpilot.runtime import default_drafting, default_goodput
 
     ecfg = engine_config(args)
+    if getattr(args, "goodput", None) is None and default_goodput(loaded):
+        ecfg = dataclasses.replace(ecfg, goodput=True)
     specs = tree_specs(args)
     default_name, default_tree = default_drafting(loaded)
     names = list(dict.fromkeys(args.drafter or [default_name]))

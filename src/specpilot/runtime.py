@@ -82,14 +82,22 @@ def default_plan(loaded: Any) -> Plan:
     model = loaded.model
     dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
     drafter, tree = default_drafting(loaded)
-    native = model.device.type == "cpu" and bool(getattr(model, "native", False))
     return Plan(
         drafter=drafter,
         tree=tree,
         engine=EngineConfig(
-            device=str(model.device), dtype=dtype.get(model.dtype, "float32"), goodput=native
+            device=str(model.device),
+            dtype=dtype.get(model.dtype, "float32"),
+            goodput=default_goodput(loaded),
         ),
     )
+
+
+def default_goodput(loaded: Any) -> bool:
+    """Whether the goodput budget is on by default for ``loaded``: native GGUF weights on CPU
+    (see :func:`default_plan`; ``--no-goodput`` turns it off)."""
+    model = loaded.model
+    return model.device.type == "cpu" and bool(getattr(model, "native", False))
 
 
 def default_drafting(loaded: Any) -> tuple[str, TreeSpec]:
