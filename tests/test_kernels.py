@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -162,6 +164,23 @@ def test_rows_bit_identical_across_counts_positions_threads_tiles(
     finally:
         torch.set_num_threads(prev)
     assert torch.equal(full[pos].view(torch.int32), ref[0].view(torch.int32))
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs")
+def test_ops_really_run_on_torch_threads() -> None:
+    """The ops' at::parallel_for uses torch's threads (built with OpenMP; without it the header
+    runs every loop inline on one thread, so a thread-split test would pass without a split)."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert torch.ops.specpilot.parallel_width(8) == 2
+    finally:
+        torch.set_num_threads(prev)
+    torch.set_num_threads(1)
+    try:
+        assert torch.ops.specpilot.parallel_width(8) == 1
+    finally:
+        torch.set_num_threads(prev)
 
 
 def test_thread_split_does_not_change_bits() -> None:

@@ -12,7 +12,8 @@
 * the machine: CPU model, ISA flags and torch threads (a GPU: its name), torch version;
 * the model: :func:`model_fingerprint`, a hash of its config and of every module's type, kernel
   settings (public scalar attributes and ``extra_repr``: GGUF block types, ISA, tiling) and
-  tensor shapes and dtypes, plus its weights mode (fp32 / ``native``), numerics profile
+  tensor shapes and dtypes, plus its weights mode (fp32 / ``native``, with the loaded kernel
+  library's build key), numerics profile
   (``Transformer.set_numerics``), linear backend (oneDNN-prepacked or not) and ``torch.compile``
   state: a plan that changes kernels gets a new curve;
 * the attention kind, the calibration shape (cached tokens, row counts) and :data:`CURVE_VERSION`.
@@ -42,6 +43,7 @@ from torch import Tensor, nn
 
 from specpilot.errors import ConfigError
 from specpilot.goodput import CostCurve, calibrate_curve, calibration_shape
+from specpilot.kernels import build
 from specpilot.kvcache import KVCache
 from specpilot.machine import cache_root, cpu_isa, cpu_model, load_limit, sample_load
 from specpilot.model import Transformer
@@ -147,6 +149,8 @@ def curve_key(model: Transformer, attention: str, context: int, rows: tuple[int,
     weights = "native" if model.native else str(model.dtype).replace("torch.", "")
     linear = "onednn" if model.prepacked else "torch"
     numerics = getattr(model, "_numerics", "fp32")  # Transformer.set_numerics
+    if model.native:  # a rebuilt kernel library (new sources or flags) has a new speed
+        weights += f"|kernels={build.loaded_key()}"
     return (
         f"{machine_key(model.device)}|model={model_fingerprint(model)}|weights={weights}|"
         f"numerics={numerics}|linear={linear}|compiled={model.compiled}|attention={attention}|"

@@ -41,7 +41,12 @@ OP_UNITS = ("ops.cpp", "ops_q8.cpp", "attention_ops.cpp",
     "rowops_ops.cpp",
 )
 """Torch op registrations (compiled by cpp_extension with torch's headers)."""
-BUILD_VERSION = 2
+OPENMP_FLAGS = ("-fopenmp",)
+"""The op units' ``at::parallel_for`` splits work over torch's threads only when compiled with
+OpenMP (its header runs the loop inline on the calling thread otherwise); the linked
+``libgomp.so.1`` is the one torch has already loaded. A compiler without OpenMP builds the ops
+without it: the same bits (threads split output columns or rows only), on one thread."""
+BUILD_VERSION = 3
 """Bump to force a rebuild when the build itself changes."""
 
 _lock = threading.Lock()
@@ -76,7 +81,7 @@ def build_key(cxx: str) -> str:
     h = hashlib.sha256()
     for p in sorted(CSRC.iterdir()):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update(f"{BUILD_VERSION}\0{torch.__version__}\0{cxx}\0{COMMON_FLAGS}\0{AVX2_FLAGS}".encode())
+    h.update(f"{BUILD_VERSION}\0{torch.__version__}\0{cxx}\0{COMMON_FLAGS}\0{AVX2_FLAGS}\0{OPENMP_FLAGS}".encode())
     return h.hexdigest()[:16]
 
 
@@ -117,11 +122,21 @@ def _build() -> None:
     for unit, flags in units:
         objs.append(out / (Path(unit).stem + ".o"))
         _compile_object(cxx, CSRC / unit, objs[-1], flags)
+    try:
+        _load_ops(cpp_extension, key, out, [*defines, *OPENMP_FLAGS], objs, OPENMP_FLAGS)
+        _state["key"] = key
+    except Exception:  # a compiler without OpenMP: the same ops, on one thread
+        _load_ops(cpp_extension, key + "s", out, defines, objs, ())
+        _state["key"] = key + "s"
+
+
+def _load_ops(cpp_extension: Any, key: str, out: Path, cflags: list[str], objs: list[Path],
+              ldflags: tuple[str, ...]) -> None:
     cpp_extension.load(
         name=f"specpilot_kernels_{key}",
         sources=[str(CSRC / u) for u in OP_UNITS],
-        extra_cflags=[*COMMON_FLAGS[1:], *defines],
-        extra_ldflags=[str(o) for o in objs],
+        extra_cflags=[*COMMON_FLAGS[1:], *cflags],
+        extra_ldflags=[str(o) for o in objs] + list(ldflags),
         extra_include_paths=[str(CSRC)],
         build_directory=str(out),
         is_python_module=False,
@@ -143,6 +158,12 @@ def ops(group: str, register_fakes: Callable[[], None]) -> Any:
             register_fakes()
             _fakes[group] = True
     return torch.ops.specpilot
+
+
+def loaded_key() -> str | None:
+    """The build key of the loaded ops (``s`` appended: built without OpenMP), None when not
+    loaded: a measurement of the kernels' speed (the goodput curve) is keyed by it."""
+    return _state.get("key")
 
 
 def load() -> str | None:

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "formats.h"
 #include "isa.h"
@@ -118,6 +119,19 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t qtype, int64_t n, i
 
 int64_t isa_available(int64_t isa) { return isa == 1 || (isa == 2 && cpu_has_avx2()) ? 1 : 0; }
 
+// How many distinct threads run the tasks of an at::parallel_for over `tasks` units of grain 1
+// in this library: 1 when it was built without OpenMP (the loop then runs inline).
+int64_t parallel_width(int64_t tasks) {
+  std::vector<int> seen(static_cast<size_t>(std::max<int>(1, at::get_num_threads())), 0);
+  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
+    const int t = at::get_thread_num();
+    if (t >= 0 && t < static_cast<int>(seen.size())) seen[static_cast<size_t>(t)] = 1;
+  });
+  int64_t n = 0;
+  for (int s : seen) n += s;
+  return n;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specpilot, m) {
@@ -129,6 +143,7 @@ TORCH_LIBRARY(specpilot, m) {
       "Tensor? bias=None, int lanes=8) -> Tensor");
   m.def("gguf_dequantize(Tensor blocks, int qtype, int n, int k, Tensor rows) -> Tensor");
   m.def("isa_available(int isa) -> int", &isa_available);
+  m.def("parallel_width(int tasks) -> int", &parallel_width);
 }
 
 TORCH_LIBRARY_IMPL(specpilot, CPU, m) {
