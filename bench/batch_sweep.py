@@ -102,6 +102,10 @@ def main() -> int:
                 "lossless": res.lossless,
                 "ar_p50_s": res.ar.latency_p50_s,
                 "spec_p50_s": c.latency_p50_s if c else None,
+                "ar_p99_s": res.ar.latency_p99_s,
+                "spec_p99_s": c.latency_p99_s if c else None,
+                "nodes_per_step": c.mean_draft_nodes if c else 0.0,
+                "goodput": bool(engine.cfg.goodput),
             }
         )
         print(json.dumps(rows[-1]), flush=True)
@@ -110,16 +114,18 @@ def main() -> int:
     meta = {"model": loaded.source, "candidate": candidates[0].name if candidates else "none"}
     out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows, "runs": runs}, indent=2))
     lines = [
-        "| batch | AR tok/s | spec tok/s | speedup | tau | lossless | AR p50 s | spec p50 s |",
-        "|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| batch | AR tok/s | spec tok/s | speedup | tau | nodes/step | lossless "
+        "| AR p50 / p99 s | spec p50 / p99 s |",
+        "|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         sp = f"{r['speedup']:.2f}x" if r["speedup"] else "n/a"
         spec = f"{r['spec_tok_s']:.1f}" if r["spec_tok_s"] else "n/a"
-        p50 = f"{r['spec_p50_s']:.2f}" if r["spec_p50_s"] else "n/a"
+        lat = f"{r['spec_p50_s']:.2f} / {r['spec_p99_s']:.2f}" if r["spec_p50_s"] else "n/a"
         lines.append(
             f"| {r['batch_size']} | {r['ar_tok_s']:.1f} | {spec} | {sp} | {r['tau']:.2f} | "
-            f"{r['lossless']} | {r['ar_p50_s']:.2f} | {p50} |"
+            f"{r['nodes_per_step']:.1f} | {r['lossless']} | "
+            f"{r['ar_p50_s']:.2f} / {r['ar_p99_s']:.2f} | {lat} |"
         )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     out.with_suffix(".svg").write_text(_svg(rows))
