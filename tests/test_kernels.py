@@ -250,6 +250,29 @@ def test_panel_path_equals_direct_path(name: str) -> None:
     assert changed.tolist() == [r == 5 for r in range(17)]
 
 
+@pytest.mark.skipif(not AVX2, reason="this CPU has no AVX2+FMA+F16C")
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "F32"])
+def test_every_row_block_split_equals_portable(name: str) -> None:
+    """Each row count 1..17 under every tile, one and two threads: the direct path's 3-row tile
+    and the panel's remainder blocks of 3 (5 = 3 + 2, 6 = 3 + 3, 9 = 3 + 3 + 3, ...) give the
+    portable path's bits."""
+    n, k = 37, 288 if name != "F32" else 8 * 36 + 3
+    raw = as_tensor(random_weight(name, n, k, 41))
+    x = torch.randn(17, k, generator=torch.Generator().manual_seed(42))
+    b = torch.randn(n, generator=torch.Generator().manual_seed(43))
+    prev = torch.get_num_threads()
+    try:
+        for m in range(1, 18):
+            ref = kernels.gguf_matmul(x[:m], raw, qt(name), n, k, b, isa="portable")
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                for tile in [*TILES, (3, 1), (3, 2), (3, 4)]:  # row tile 3: blocks of 3
+                    got = kernels.gguf_matmul(x[:m], raw, qt(name), n, k, b, "avx2", *tile)
+                    assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), (m, tile)
+    finally:
+        torch.set_num_threads(prev)
+
+
 def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """fp32 fused multiply-add via fp64 (exact product; a double rounding is vanishingly rare)."""
     return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)

@@ -217,7 +217,8 @@ void tile(const sp::GemmArgs& a, int64_t r0, int64_t c0) {
   }
 }
 
-// Rows in groups of the largest RB <= row_tile that fits (RB * CN <= 8), per column tile of CN.
+// Rows in groups of the largest RB <= row_tile that fits (RB * CN <= 8; 3 rows when 3 are
+// left), per column tile of CN.
 template <class F, int CN>
 void column_tile(const sp::GemmArgs& a, int64_t c0, int row_tile) {
   int64_t r0 = 0;
@@ -234,6 +235,11 @@ void column_tile(const sp::GemmArgs& a, int64_t c0, int row_tile) {
       if (row_tile >= 4 && left >= 4) {
         tile<F, 4, CN>(a, r0, c0);
         r0 += 4;
+        continue;
+      }
+      if (row_tile >= 3 && left >= 3) {  // three rows: one decode, not a 2-row and a 1-row tile
+        tile<F, 3, CN>(a, r0, c0);
+        r0 += 3;
         continue;
       }
     }
@@ -329,13 +335,28 @@ void micro(const sp::GemmArgs& a, int64_t r0, int64_t c0, const float* w, int64_
   }
 }
 
-// The largest row block RB <= row_tile (8, 4, 2 or 1) with RB * CN <= kMaxAcc and RB <= left.
+// The next row block of the `left` rows still to do. R is the largest of 8, 4, 3, 2 (else 1)
+// with R <= row_tile and R * CN <= kMaxAcc; blocks of R rows, and a remainder in blocks of 3
+// (and 2) instead of one short block that is load-bound on few accumulators: with R = 4,
+// 5 = 3 + 2, 6 = 3 + 3, 7 = 4 + 3, 9 = 3 + 3 + 3, 10 = 4 + 3 + 3.
 template <int CN>
 int pick_rows(int row_tile, int64_t left) {
-  for (int rb : {8, 4, 2}) {
-    if (rb <= row_tile && rb * CN <= kMaxAcc && rb <= left) return rb;
+  int R = 1;
+  for (int rb : {8, 4, 3, 2}) {
+    if (rb <= row_tile && rb * CN <= kMaxAcc) {
+      R = rb;
+      break;
+    }
   }
-  return 1;
+  if (R == 8 && left >= 8) return 8;
+  if (R >= 4) {
+    if (left <= 4) return static_cast<int>(left);
+    if (left == 5) return 3;
+    const int64_t r = left % 4;
+    return r == 0 || r == 3 ? 4 : 3;
+  }
+  if (R == 3) return left <= 3 ? static_cast<int>(left) : (left == 4 ? 2 : 3);
+  return left >= 2 && R >= 2 ? 2 : 1;
 }
 
 template <int CN>
@@ -346,6 +367,9 @@ void micro_rows(int rb, const sp::GemmArgs& a, int64_t r0, int64_t c0, const flo
   }
   if constexpr (4 * CN <= kMaxAcc) {
     if (rb == 4) return micro<4, CN>(a, r0, c0, w, kp);
+  }
+  if constexpr (3 * CN <= kMaxAcc) {
+    if (rb == 3) return micro<3, CN>(a, r0, c0, w, kp);
   }
   if (rb == 2) return micro<2, CN>(a, r0, c0, w, kp);
   micro<1, CN>(a, r0, c0, w, kp);
