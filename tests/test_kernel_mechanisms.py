@@ -158,7 +158,7 @@ def test_kernel_tiling_space_options_round_trip() -> None:
     assert {p.name: p.default for p in mech.space(NATIVE, plan)} == {
         "single_col_tile": 2, "multi_row_tile": 8, "multi_col_tile": 1}  # fmt: skip
     bad_options = [
-        ({"multi": [3, 2]}, "row tile"),
+        ({"multi": [5, 2]}, "row tile"),
         ({"single": [1, 8]}, "column tile"),
         ({"multi": 4}, r"\[row tile, column tile\]"),
         ({"rows": 4}, "unknown"),
@@ -180,7 +180,7 @@ def test_gguf_linear_schedule_setter_keeps_the_bits() -> None:
             assert lin.tiles == ((1, ct), (rt, ct))
             assert all(torch.equal(lin(x), r) for x, r in zip(xs, ref, strict=True))
     with pytest.raises(ValueError, match="row tile"):
-        lin.set_schedule((3, 1), (1, 1))
+        lin.set_schedule((5, 1), (1, 1))
     with pytest.raises(ValueError, match="column tile"):
         lin.set_schedule((1, 1), (1, 8))
 

@@ -44,8 +44,9 @@ _BLOCK = {
 }
 """type id -> (elements per block, bytes per block)."""
 ISAS = {"auto": 0, "portable": 1, "avx2": 2}
-ROW_TILES = (1, 2, 4, 8)
-"""Row tiles of the native GEMM (rows per micro-kernel); 0 = the op's default."""
+ROW_TILES = (1, 2, 3, 4, 8)
+"""Row tiles of the native GEMM (most rows per micro-kernel; 3 lets 4 columns share 12
+accumulators); 0 = the op's default."""
 COL_TILES = (1, 2, 3, 4)
 """Column tiles (output columns per micro-kernel; 3 runs as 2 below 4 rows); 0 = the op's
 default."""
