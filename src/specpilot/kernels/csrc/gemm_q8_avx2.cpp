@@ -59,6 +59,10 @@ inline __m256i bits32(const uint8_t* p) {
   return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1));
 }
 
+// Per 128 bits: the low fp16 halves of the four 32-bit words, then their high halves.
+const __m256i kHalves = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0,
+                                         1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+
 // The 32-bit words at p, p + S, ..., p + (CNT - 1) * S (0 past CNT: not read), their low
 // halves (fp16) packed in the low 128 bits, in order, and their high halves in the high 128.
 template <int S, int CNT>
@@ -72,10 +76,7 @@ inline __m256i halves16(const uint8_t* p) {
     for (int b = 0; b < 8; ++b) v[b] = b < CNT ? static_cast<int>(sp::rd32(p + b * S)) : 0;
     w = _mm256_setr_epi32(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
   }
-  const __m256i lh = _mm256_shuffle_epi8(
-      w, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9,
-                          12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
-  return _mm256_permute4x64_epi64(lh, 0xd8);
+  return _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, kHalves), 0xd8);
 }
 
 // The fp16 values at p, p + S, ..., p + (CNT - 1) * S widened to fp32 (exact), 0 past CNT;
@@ -121,7 +122,22 @@ struct WQ4_1 {
   template <int CNT>
   static inline Scales scales(const uint8_t* base) {
     Scales sc{_mm256_setzero_ps(), _mm256_setzero_ps(), zi(), zi()};
-    sc.a = halves8<kBytes, CNT>(base, &sc.b);
+    if constexpr (CNT == 8) {
+      // the (d, m) words of the 8 blocks (32-bit words 0, 5, ..., 35 of the group) by five
+      // loads and blends instead of a gather: [b0 b2 b4 b7 | b6 b1 b3 b5], then in order
+      const __m256i v0 = load32(base), v1 = load32(base + 36), v2 = load32(base + 72);
+      const __m256i v3 = load32(base + 104), v4 = load32(base + 128);
+      __m256i w = _mm256_blend_epi32(v0, v1, 0x42);
+      w = _mm256_blend_epi32(w, v2, 0x84);
+      w = _mm256_blend_epi32(w, v3, 0x10);
+      w = _mm256_blend_epi32(w, v4, 0x08);
+      w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 5, 1, 6, 2, 7, 4, 3));
+      const __m256i lh = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, kHalves), 0xd8);
+      sc.a = _mm256_cvtph_ps(_mm256_castsi256_si128(lh));
+      sc.b = _mm256_cvtph_ps(_mm256_extracti128_si256(lh, 1));
+    } else {
+      sc.a = halves8<kBytes, CNT>(base, &sc.b);
+    }
     return sc;
   }
 };
@@ -244,123 +260,143 @@ inline float reduce8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
-// Block j of the group for every row: v[r] = its eight partial sums (0 past CNT).
-template <class W, int RB, int CNT>
-inline void dots(const uint8_t* base, int j, const int8_t* const* x, __m256i* v) {
-  if (j >= CNT) {
-    for (int r = 0; r < RB; ++r) v[r] = zi();
-    return;
-  }
-  __m256i u, s = zi();
-  W::block(base, j, &u, &s);
-  for (int r = 0; r < RB; ++r) v[r] = block_dot<W>(u, s, x[r] + 32 * j);
-}
-
-// The int32 sums of blocks j0..j0+3 (lane-wise: lo halves in the low 128 bits, hi in the high).
-template <class W, int RB, int CNT>
-inline void quad(const uint8_t* base, int j0, const int8_t* const* x, __m256i* q) {
+// The int32 sums of blocks j0..j0+3 (lane-wise: lo halves in the low 128 bits, hi in the high)
+// for the tile's NC columns (group bases base[c]) and RB rows: q[c * RB + r]. Each weight block
+// is decoded once for the RB rows; each pair's sums are reduced at once (few live registers).
+template <class W, int RB, int NC, int CNT>
+inline void quad(const uint8_t* const* base, int j0, const int8_t* const* x, __m256i* q) {
   if (j0 >= CNT) {
-    for (int r = 0; r < RB; ++r) q[r] = zi();
+    for (int t = 0; t < RB * NC; ++t) q[t] = zi();
     return;
   }
-  __m256i e[RB], o[RB];
-  dots<W, RB, CNT>(base, j0, x, e);
-  dots<W, RB, CNT>(base, j0 + 1, x, o);
-  for (int r = 0; r < RB; ++r) q[r] = pair<W>(e[r], o[r]);
-  dots<W, RB, CNT>(base, j0 + 2, x, e);
-  dots<W, RB, CNT>(base, j0 + 3, x, o);
-  for (int r = 0; r < RB; ++r) q[r] = pair<W, true>(q[r], pair<W>(e[r], o[r]));
+  for (int h = 0; h < 2; ++h) {
+    const int j = j0 + 2 * h;
+    for (int c = 0; c < NC; ++c) {
+      __m256i u0, s0 = zi(), u1 = zi(), s1 = zi();
+      W::block(base[c], j, &u0, &s0);
+      if (j + 1 < CNT) W::block(base[c], j + 1, &u1, &s1);
+      for (int r = 0; r < RB; ++r) {
+        const __m256i e = j < CNT ? block_dot<W>(u0, s0, x[r] + 32 * j) : zi();
+        const __m256i o = j + 1 < CNT ? block_dot<W>(u1, s1, x[r] + 32 * (j + 1)) : zi();
+        __m256i& qt = q[c * RB + r];
+        qt = h == 0 ? pair<W>(e, o) : pair<W, true>(qt, pair<W>(e, o));
+      }
+    }
+  }
 }
 
-// One group of CNT <= 8 blocks (from block g) of one column for RB rows: acc[r] lane j += the
-// contract's terms of block g + j (lanes past CNT unchanged).
-template <class W, int RB, int CNT>
-inline void group(const sp::Q8GemmArgs& a, const uint8_t* row, int64_t r0, int64_t g,
+// One group of CNT <= 8 blocks (from block g) of NC columns (weight rows row[c]) for RB rows:
+// acc[c * RB + r] lane j += the contract's terms of block g + j (lanes past CNT unchanged).
+template <class W, int RB, int NC, int CNT>
+inline void group(const sp::Q8GemmArgs& a, const uint8_t* const* row, int64_t r0, int64_t g,
                   __m256* acc) {
   const int64_t nb = a.x.k / 32;
-  const uint8_t* base = group_base<W>(row, g);
+  const uint8_t* base[NC];
+  for (int c = 0; c < NC; ++c) base[c] = group_base<W>(row[c], g);
   const int8_t* x[RB];
   for (int r = 0; r < RB; ++r) x[r] = a.x.q + (r0 + r) * a.x.k + 32 * g;
-  __m256i q0[RB], q1[RB];
-  quad<W, RB, CNT>(base, 0, x, q0);
-  quad<W, RB, CNT>(base, 4, x, q1);
-  const Scales sc = W::template scales<CNT>(base);
+  __m256i q0[RB * NC], q1[RB * NC];
+  quad<W, RB, NC, CNT>(base, 0, x, q0);
+  quad<W, RB, NC, CNT>(base, 4, x, q1);
   const __m256i mask = lanes_below(CNT);
+  const bool full = CNT == 8;
+  __m256 dx[RB], sx[RB];
+  __m256i sq[RB];
   for (int r = 0; r < RB; ++r) {
-    const __m256i lo = _mm256_permute2x128_si256(q0[r], q1[r], 0x20);
-    const __m256i hi = _mm256_permute2x128_si256(q0[r], q1[r], 0x31);
-    __m256i isum = W::kQ6 ? _mm256_add_epi32(_mm256_mullo_epi32(lo, sc.se),
-                                                   _mm256_mullo_epi32(hi, sc.so))
-                                : _mm256_add_epi32(lo, hi);
     const int64_t off = (r0 + r) * nb + g;
-    const bool full = CNT == 8;
+    dx[r] = full ? _mm256_loadu_ps(a.x.d + off) : _mm256_maskload_ps(a.x.d + off, mask);
+    if constexpr (W::kMin) {
+      sx[r] = full ? _mm256_loadu_ps(a.x.s + off) : _mm256_maskload_ps(a.x.s + off, mask);
+    }
     if constexpr (W::kOffsetLog2 > 0) {
       const int* qs = a.x.qsum + off;
-      const __m256i sq = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs))
-                              : _mm256_maskload_epi32(qs, mask);
-      isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(sq, W::kOffsetLog2));
+      sq[r] = _mm256_slli_epi32(full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs))
+                                     : _mm256_maskload_epi32(qs, mask),
+                                W::kOffsetLog2);
     }
-    const __m256 dx = full ? _mm256_loadu_ps(a.x.d + off) : _mm256_maskload_ps(a.x.d + off, mask);
-    __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(sc.a, dx), _mm256_cvtepi32_ps(isum), acc[r]);
-    if constexpr (W::kMin) {
-      const __m256 sx =
-          full ? _mm256_loadu_ps(a.x.s + off) : _mm256_maskload_ps(a.x.s + off, mask);
-      t = _mm256_fmadd_ps(sc.b, sx, t);
+  }
+  for (int c = 0; c < NC; ++c) {
+    const Scales sc = W::template scales<CNT>(base[c]);
+    for (int r = 0; r < RB; ++r) {
+      const int t = c * RB + r;
+      const __m256i lo = _mm256_permute2x128_si256(q0[t], q1[t], 0x20);
+      const __m256i hi = _mm256_permute2x128_si256(q0[t], q1[t], 0x31);
+      __m256i isum = W::kQ6 ? _mm256_add_epi32(_mm256_mullo_epi32(lo, sc.se),
+                                               _mm256_mullo_epi32(hi, sc.so))
+                            : _mm256_add_epi32(lo, hi);
+      if constexpr (W::kOffsetLog2 > 0) isum = _mm256_sub_epi32(isum, sq[r]);
+      __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(sc.a, dx[r]), _mm256_cvtepi32_ps(isum), acc[t]);
+      if constexpr (W::kMin) v = _mm256_fmadd_ps(sc.b, sx[r], v);
+      acc[t] = full ? v : _mm256_blendv_ps(acc[t], v, _mm256_castsi256_ps(mask));
     }
-    acc[r] = full ? t : _mm256_blendv_ps(acc[r], t, _mm256_castsi256_ps(mask));
   }
 }
 
 // The trailing group of cnt < 8 blocks (types with 32-element blocks only).
-template <class W, int RB>
-inline void tail(const sp::Q8GemmArgs& a, const uint8_t* row, int64_t r0, int64_t g, int cnt,
-                 __m256* acc) {
+template <class W, int RB, int NC>
+inline void tail(const sp::Q8GemmArgs& a, const uint8_t* const* row, int64_t r0, int64_t g,
+                 int cnt, __m256* acc) {
   switch (cnt) {
-    case 1: return group<W, RB, 1>(a, row, r0, g, acc);
-    case 2: return group<W, RB, 2>(a, row, r0, g, acc);
-    case 3: return group<W, RB, 3>(a, row, r0, g, acc);
-    case 4: return group<W, RB, 4>(a, row, r0, g, acc);
-    case 5: return group<W, RB, 5>(a, row, r0, g, acc);
-    case 6: return group<W, RB, 6>(a, row, r0, g, acc);
-    case 7: return group<W, RB, 7>(a, row, r0, g, acc);
+    case 1: return group<W, RB, NC, 1>(a, row, r0, g, acc);
+    case 2: return group<W, RB, NC, 2>(a, row, r0, g, acc);
+    case 3: return group<W, RB, NC, 3>(a, row, r0, g, acc);
+    case 4: return group<W, RB, NC, 4>(a, row, r0, g, acc);
+    case 5: return group<W, RB, NC, 5>(a, row, r0, g, acc);
+    case 6: return group<W, RB, NC, 6>(a, row, r0, g, acc);
+    case 7: return group<W, RB, NC, 7>(a, row, r0, g, acc);
     default: return;
   }
 }
 
-// Column col for rows [r0, r0 + RB): the weight blocks are decoded once for the RB rows.
-template <class W, int RB>
+// Columns [col, col + NC) for rows [r0, r0 + RB): each weight block is decoded once for the RB
+// rows, each activation block loaded once for the NC columns; the RB * NC independent chains
+// keep the core busy where one column's chain would wait on its latencies.
+template <class W, int RB, int NC>
 void column_rows(const sp::Q8GemmArgs& a, int64_t r0, int64_t col) {
   const int64_t nb = a.x.k / 32;
-  const uint8_t* row = a.w + col * a.row_bytes;
-  // the weights of the column kPrefetch ahead (streamed from memory once per call at m = 1)
-  if (col + kPrefetch < a.n) {
-    const char* ahead = reinterpret_cast<const char*>(row + kPrefetch * a.row_bytes);
-    for (int64_t o = 0; o < a.row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+  const uint8_t* row[NC];
+  for (int c = 0; c < NC; ++c) row[c] = a.w + (col + c) * a.row_bytes;
+  // the weights of the columns kPrefetch ahead (streamed from memory once per call at m = 1)
+  for (int c = 0; c < NC; ++c) {
+    if (col + c + kPrefetch < a.n) {
+      const char* ahead = reinterpret_cast<const char*>(row[c] + kPrefetch * a.row_bytes);
+      for (int64_t o = 0; o < a.row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+    }
   }
-  __m256 acc[RB];
-  for (int r = 0; r < RB; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[RB * NC];
+  for (int t = 0; t < RB * NC; ++t) acc[t] = _mm256_setzero_ps();
   int64_t g = 0;
-  for (; g + 8 <= nb; g += 8) group<W, RB, 8>(a, row, r0, g, acc);
+  for (; g + 8 <= nb; g += 8) group<W, RB, NC, 8>(a, row, r0, g, acc);
   if constexpr (!W::kQ6 && !std::is_same_v<W, WQ4_K>) {
-    if (g < nb) tail<W, RB>(a, row, r0, g, static_cast<int>(nb - g), acc);
+    if (g < nb) tail<W, RB, NC>(a, row, r0, g, static_cast<int>(nb - g), acc);
   }
-  for (int r = 0; r < RB; ++r) {
-    float y = reduce8(acc[r]);
-    if (a.bias != nullptr) y = y + a.bias[col];
-    a.y[(r0 + r) * a.n + col] = y;
+  for (int c = 0; c < NC; ++c) {
+    for (int r = 0; r < RB; ++r) {
+      float y = reduce8(acc[c * RB + r]);
+      if (a.bias != nullptr) y = y + a.bias[col + c];
+      a.y[(r0 + r) * a.n + col + c] = y;
+    }
   }
 }
 
-// Columns [c0, c1) for rows [r0, r0 + rows) in row tiles of up to row_tile (<= 4) rows.
+// Columns [c0, c1) for rows [r0, r0 + rows) in row tiles of up to row_tile (<= 4) rows; one-
+// and two-row tiles of the 4-bit types run 2 columns at once (informal timings: it helps them,
+// and it slows Q8_0, whose wider blocks then spill registers), the rest one column at a time.
 template <class W>
 void columns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int row_tile) {
+  constexpr int kCols = W::kNarrow ? 2 : 1;
   for (int64_t r0 = 0; r0 < a.x.m;) {
     const int64_t left = a.x.m - r0;
     const int rb = left >= 4 && row_tile >= 4 ? 4 : left >= 2 && row_tile >= 2 ? 2 : 1;
-    for (int64_t c = c0; c < c1; ++c) {
-      if (rb == 4) column_rows<W, 4>(a, r0, c);
-      else if (rb == 2) column_rows<W, 2>(a, r0, c);
-      else column_rows<W, 1>(a, r0, c);
+    int64_t c = c0;
+    if (rb == 4) {
+      for (; c < c1; ++c) column_rows<W, 4, 1>(a, r0, c);
+    } else if (rb == 2) {
+      for (; c + kCols <= c1; c += kCols) column_rows<W, 2, kCols>(a, r0, c);
+      for (; c < c1; ++c) column_rows<W, 2, 1>(a, r0, c);
+    } else {
+      for (; c + kCols <= c1; c += kCols) column_rows<W, 1, kCols>(a, r0, c);
+      for (; c < c1; ++c) column_rows<W, 1, 1>(a, r0, c);
     }
     r0 += rb;
   }
