@@ -31,6 +31,7 @@ slightly from those over dense tensors; the target verifies every token, so the 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -136,13 +137,22 @@ class _Bf16Linear(nn.Module):
         return y.float().reshape(*x.shape[:-1], self.out_features)
 
 
+@functools.lru_cache(maxsize=16)
+def _inv_freq(hd: int, theta: float, device: torch.device) -> Tensor:
+    """(hd/2,) fp32 rotary frequencies (computed once per shape; a drafting step calls
+    :func:`rope` twice per layer and depth); a normal tensor even when first asked for under
+    inference mode, so training may use it too."""
+    with torch.inference_mode(False), torch.no_grad():
+        return 1.0 / (theta ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
+
+
 def rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
     """Rotary embedding of ``x`` (..., T, H, hd) at positions ``pos`` (..., T)."""
     hd = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
-    ang = pos.to(torch.float32)[..., None] * inv  # (..., T, hd/2)
-    cos = torch.cat([ang.cos(), ang.cos()], -1).unsqueeze(-2).to(x.dtype)  # (..., T, 1, hd)
-    sin = torch.cat([ang.sin(), ang.sin()], -1).unsqueeze(-2).to(x.dtype)
+    ang = pos.to(torch.float32)[..., None] * _inv_freq(hd, float(theta), x.device)
+    c, s = ang.cos(), ang.sin()  # (..., T, hd/2)
+    cos = torch.cat([c, c], -1).unsqueeze(-2).to(x.dtype)  # (..., T, 1, hd)
+    sin = torch.cat([s, s], -1).unsqueeze(-2).to(x.dtype)
     h = hd // 2
     rot = torch.cat((-x[..., h:], x[..., :h]), dim=-1)
     return x * cos + rot * sin
