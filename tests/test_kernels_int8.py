@@ -270,6 +270,29 @@ def test_kernel_follows_the_documented_int8_order(name: str) -> None:
         assert np.array_equal(got.numpy().view(np.int32), want.view(np.int32)), isa
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(["Q4_1", "Q8_0"]),
+    n=st.integers(1, 9),
+    blocks=st.integers(8, 20),
+    m=st.integers(1, 3),
+    tile=st.sampled_from(TILES),
+    seed=st.integers(0, 2**16),
+)
+def test_one_and_two_row_tiles_follow_the_documented_order(
+    name: str, n: int, blocks: int, m: int, tile: tuple[int, int], seed: int
+) -> None:
+    """The one- and two-row paths (columns in pairs, full groups of 8 blocks whose scales are
+    loaded without a gather, a trailing group) against the documented order in numpy."""
+    k = 32 * blocks
+    raw = random_weight(name, n, k, seed)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed + 1))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(seed + 2))
+    want = documented_int8_order(x.numpy(), raw, name, bias.numpy())
+    got = int8.gguf_matmul_int8(x, as_tensor(raw), qt(name), n, k, bias, 0, *tile)
+    assert np.array_equal(got.numpy().view(np.int32), want.view(np.int32))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=st.sampled_from(QUANT),
