@@ -4,11 +4,11 @@ Applies where the target runs its GGUF blocks through the native kernels (``--we
 Calls of 4 rows or more decode each weight once into a panel and run a micro-kernel of *row
 tile* rows x *column tile* columns over it (at most 12 accumulators: it takes the largest row
 group that fits, a remainder in groups of 3 and 2); fewer rows decode in registers for a group
-of *row tile* rows and *column tile* columns (at most 8 accumulators; column tile 3 runs as 2;
-3 rows share one decode when the column tile is 1 or 2).
+of *row tile* rows and *column tile* columns (at most 8 accumulators, or 3 x 4; column tile 3
+runs as 2; 3 rows share one decode).
 Plain decoding calls it with one row and a verify step with 5-16, so the one-row column tile and
 the multi-row row and column tiles are separate parameters (the op's defaults: 1 x 4 and 4 x 3;
-with no tiles set, two rows run 2 x 4).
+with no tiles set, two and three rows run 2 x 4 and 3 x 4).
 Tiles change the schedule only: each output element keeps the numerics contract's reduction
 order (:mod:`specpilot.kernels`), so every choice gives the same bits (tests/test_kernels.py),
 and token forcing checks it like any candidate. Thread count is the ``threads`` mechanism.

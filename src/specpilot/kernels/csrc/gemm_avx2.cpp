@@ -217,8 +217,8 @@ void tile(const sp::GemmArgs& a, int64_t r0, int64_t c0) {
   }
 }
 
-// Rows in groups of the largest RB <= row_tile that fits (RB * CN <= 8; 3 rows when 3 are
-// left), per column tile of CN.
+// Rows in groups of the largest RB <= row_tile that fits (RB * CN <= 8, or 3 x 4; 3 rows when
+// 3 are left), per column tile of CN.
 template <class F, int CN>
 void column_tile(const sp::GemmArgs& a, int64_t c0, int row_tile) {
   int64_t r0 = 0;
@@ -239,6 +239,13 @@ void column_tile(const sp::GemmArgs& a, int64_t c0, int row_tile) {
       }
       if (row_tile >= 3 && left >= 3) {  // three rows: one decode, not a 2-row and a 1-row tile
         tile<F, 3, CN>(a, r0, c0);
+        r0 += 3;
+        continue;
+      }
+    }
+    if constexpr (CN == 4) {
+      if (row_tile >= 3 && left >= 3) {  // 12 accumulators: x loads shared by 4 columns
+        tile<F, 3, 4>(a, r0, c0);
         r0 += 3;
         continue;
       }

@@ -68,9 +68,8 @@ at::Tensor gguf_matmul(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   if (a.m == 0) return y;
   const bool avx2 = sp::use_avx2(isa);
   const int rt = row_tile > 0 ? static_cast<int>(row_tile) : (a.m == 1 ? 1 : 4);
-  // default tiles: 1 x 4 for one row, 2 x 4 for two, 3 x 2 for three (column tile 3 runs as
-  // 2 below 4 rows), panels of 4 x 3 from 4 rows
-  const int ct = col_tile > 0 ? static_cast<int>(col_tile) : (a.m <= 2 ? 4 : 3);
+  // default tiles: 1 x 4, 2 x 4, 3 x 4 for one to three rows, panels of 4 x 3 from 4 rows
+  const int ct = col_tile > 0 ? static_cast<int>(col_tile) : (a.m <= 3 ? 4 : 3);
   const int64_t unit = sp::kColumnUnit;
   const int64_t units = (n + unit - 1) / unit;
   at::parallel_for(0, units, grain_units(a.m, k), [&](int64_t u0, int64_t u1) {
