@@ -76,22 +76,30 @@ def test_frozen_heap_freezes_and_restores() -> None:
     assert gc.get_freeze_count() == 0
 
 
-def test_frozen_heap_leaves_a_callers_freeze_and_a_disabled_collector() -> None:
-    gc.freeze()
+def test_frozen_heap_leaves_a_callers_freeze_and_a_disabled_collector(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    real_freeze, real_unfreeze = gc.freeze, gc.unfreeze
+    monkeypatch.setattr(gc, "freeze", lambda: (calls.append("freeze"), real_freeze())[1])
+    monkeypatch.setattr(gc, "unfreeze", lambda: (calls.append("unfreeze"), real_unfreeze())[1])
+    real_freeze()  # the caller's own freeze (frozen objects may die meanwhile: count calls)
     try:
-        n = gc.get_freeze_count()
         with frozen_heap():
-            assert gc.get_freeze_count() == n
-        assert gc.get_freeze_count() == n  # not unfrozen under the caller
+            assert gc.get_freeze_count() > 0
+        assert calls == []  # neither re-frozen nor unfrozen under the caller
     finally:
-        gc.unfreeze()
+        real_unfreeze()
     gc.disable()
     try:
         with frozen_heap():
             assert gc.get_freeze_count() == 0
-        assert not gc.isenabled()
+        assert not gc.isenabled() and calls == []
     finally:
         gc.enable()
+    with frozen_heap():
+        pass
+    assert calls == ["freeze", "unfreeze"]  # the spies see a plain use
 
 
 def test_generate_runs_with_a_frozen_heap_and_restores_it() -> None:
