@@ -20,7 +20,14 @@ import torch
 import specpilot.engine as engine_mod
 import specpilot.kernels.rowops as rowops_mod
 from specpilot import cli_profile
-from specpilot.costmodel import CostReport, Hardware, LossyPlanError, ProfileConfig, profile
+from specpilot.costmodel import (
+    CostReport,
+    Hardware,
+    LossyPlanError,
+    ProfileConfig,
+    profile,
+    roofline,
+)
 from specpilot.costmodel import factors as factors_mod
 from specpilot.costmodel import hardware as hw_mod
 from specpilot.costmodel import measure as measure_mod
@@ -69,6 +76,34 @@ def test_step_work_by_hand() -> None:
     # sdpa attention keeps the cache in the model dtype: no fp64 FLOPs, 4-byte K/V
     w4 = step_work(cfg, shape, Dtypes(4, 4, 4))
     assert w4["attention"].fp64_flops == 0 and w4["attention"].bytes == 2 * (2496 + 1152)
+
+
+def test_native_weights_count_their_block_bytes() -> None:
+    """A native model's floors read its GGUF blocks as stored (Q4_1 layers: 20 bytes per 32
+    weights; a Q8_0 head: 34 per 32), not the fp32 size of the same weights."""
+
+    class Blocks(torch.nn.Module):
+        def __init__(self, out_f: int, in_f: int, per32: int) -> None:
+            super().__init__()
+            self.in_features, self.out_features = in_f, out_f
+            self.register_buffer(
+                "blocks", torch.zeros(out_f * in_f // 32 * per32, dtype=torch.uint8)
+            )
+
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.layers = torch.nn.ModuleList([torch.nn.Module()])
+    model.model.layers[0].qkv = Blocks(96, 64, 20)
+    model.model.layers[0].down = Blocks(64, 128, 20)
+    model.lm_head = Blocks(256, 64, 34)
+    assert roofline.native_weight_bytes(model) == (20 / 32, 34 / 32)
+    assert roofline.native_weight_bytes(torch.nn.Linear(4, 4)) is None
+    cfg, shape = tiny_config(), StepShape(rows=1, row_keys=5, keys=4)
+    fp32 = step_work(cfg, shape, Dtypes(4, 4, 4))["lm_head"]
+    q8 = step_work(cfg, shape, Dtypes(20 / 32, 4, 4, head_weight=34 / 32))["lm_head"]
+    v, d = cfg.vocab_size, cfg.dim
+    assert fp32.bytes - q8.bytes == (4 - 34 / 32) * v * d + (4 - 20 / 32) * d
+    assert q8.flops == fp32.flops
 
 
 def test_arch_variants_by_hand() -> None:

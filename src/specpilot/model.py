@@ -20,8 +20,8 @@ reports the logit margin where a near-tie flips.
 Native steps (the row ops on, ``attention="fixed"``) run the lean forward of
 :mod:`specpilot.kernels.step`: the same ops with the same bits, without the module glue.
 
-Profiling: every kernel class runs in its named range (:mod:`specpilot.profiling`); with the
-ranges on, the module forward runs (its ranges are the cost model's kernel classes).
+Profiling: every kernel class runs in its named range (:mod:`specpilot.profiling`), in the
+module forward and in the lean one alike, so a profile measures the forward that runs.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from specpilot.kernels.onednn import PackedLinear, onednn_available
 from specpilot.kernels.rowops import MLP, RMSNorm, qkv_stage
 from specpilot.kernels.step import Packing
 from specpilot.kvcache import KVCache
-from specpilot.profiling import kernel_range, kernel_ranges_enabled
+from specpilot.profiling import kernel_range
 
 ATTENTION_KINDS = ("exact", "fixed", "sdpa")
 LINEAR_KINDS = ("onednn", "torch")
@@ -435,8 +435,9 @@ class Transformer(nn.Module):
         return ForwardOut(logits, tuple(hidden[i] for i in hidden_layers))
 
     def _lean_plan(self) -> step.Plan | None:
-        """The lean forward's plan when it applies (row ops, fixed attention, no ranges)."""
-        if kernel_ranges_enabled() or not step.eligible(self):
+        """The lean forward's plan when it applies (row ops, fixed attention); it emits the
+        kernel-class ranges itself when they are on (the cost model profiles the same ops)."""
+        if not step.eligible(self):
             return None
         if self._plan is None:
             self._plan = step.plan(self)

@@ -61,6 +61,7 @@ from specpilot.costmodel.roofline import (
     StepShape,
     Work,
     draft_model_work,
+    native_weight_bytes,
     prefill_work,
     step_work,
     trained_drafter_work,
@@ -386,7 +387,13 @@ def _work(
     """Roofline work per decode step of every class, in :data:`ALL_CLASSES` order."""
     model = engine.model
     size = model.dtype.itemsize
-    dt = Dtypes(weight=size, act=size, cache=8 if engine.attention == "exact" else size)
+    native = native_weight_bytes(model)  # GGUF blocks: bytes as stored, not the fp32 size
+    dt = Dtypes(
+        weight=native[0] if native else size,
+        act=size,
+        cache=8 if engine.attention == "exact" else size,
+        head_weight=native[1] if native else None,
+    )
     rows, keys, row_keys = [], [], []
     for r in actual:
         for n, k in zip(r.draft_nodes, _cache_lens(r), strict=True):

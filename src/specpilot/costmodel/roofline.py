@@ -13,8 +13,10 @@ FLOPs; an ideal kernel moves each weight, input and output once).
 Symbols: R rows per step (draft nodes + 1); RK = rows x keys of the call, R (K + R), the score
 entries a masked attention kernel computes; K keys already in the cache (the committed prefix);
 L layers, D hidden size, H / Hk query / key-value heads, hd head dim, I intermediate size, V
-vocabulary; w / a bytes per weight / activation element; c bytes per cached K or V element (8
-for ``exact`` attention, which keeps an fp64 cache). Per layer (x L), except the LM head:
+vocabulary; w / a bytes per weight / activation element (a native GGUF model: w its layers'
+block bytes per weight, the LM head's own, :func:`native_weight_bytes`); c bytes per cached K
+or V element (8 for ``exact`` attention, which keeps an fp64 cache). Per layer (x L), except
+the LM head:
 
   qkv        FLOPs 2 R D (H+2Hk) hd + 4 R D (RMSNorm) + 3 R (H+Hk) hd (RoPE)
                    [+ 4 R (H+Hk) hd q/k norm] [+ R (H+2Hk) hd bias]
@@ -95,12 +97,16 @@ class StepShape:
 
 @dataclass(frozen=True)
 class Dtypes:
-    weight: int = 4
-    """Bytes per weight element."""
+    weight: float = 4
+    """Bytes per weight element of the layers' linears (a native GGUF model: their block bytes
+    per element, e.g. 0.625 for Q4_1)."""
     act: int = 4
     """Bytes per activation element."""
     cache: int = 4
     """Bytes per cached K/V element (8 for ``exact`` attention)."""
+    head_weight: float | None = None
+    """Bytes per LM-head weight element; None: ``weight`` (a native model's head has its own
+    block type, e.g. a Q8_0 tied embedding: 1.0625)."""
 
     @property
     def fp64_attention(self) -> bool:
@@ -135,8 +141,9 @@ def layer_work(cfg: ModelConfig, shape: StepShape, dt: Dtypes) -> dict[str, Work
         "down": Work(2 * r * i * d, w * i * d + a * r * (i + d)),
     }
     out = {name: wk.scaled(n) for name, wk in out.items()}
+    hw = dt.head_weight if dt.head_weight is not None else w
     out["lm_head"] = Work(
-        2 * r * d * v + NORM_FLOPS * r * d, w * (v * d + d) + a * r * d + LOGIT_BYTES * r * v
+        2 * r * d * v + NORM_FLOPS * r * d, hw * v * d + w * d + a * r * d + LOGIT_BYTES * r * v
     )
     out["recurrent"] = ZERO
     return out
@@ -162,6 +169,25 @@ def draft_model_work(params: int, forwards_per_step: float, weight_bytes: int) -
     """A draft model's floor: its weights read once and 2 FLOPs per weight (one row) per draft
     forward."""
     return Work(2.0 * params * forwards_per_step, float(params) * weight_bytes * forwards_per_step)
+
+
+def native_weight_bytes(model: Any) -> tuple[float, float] | None:
+    """Bytes per weight element (layers' linears, LM head) of a model whose linears hold GGUF
+    blocks (modules with ``blocks``, ``in_features``, ``out_features``): the blocks as stored,
+    scales included; None when it has none (an fp32 / bf16 model: its dtype's size applies)."""
+    layer_b = layer_n = head_b = head_n = 0
+    for name, mod in model.named_modules():
+        blocks = getattr(mod, "blocks", None)
+        if blocks is None or not hasattr(mod, "in_features"):
+            continue
+        n = int(mod.in_features) * int(mod.out_features)
+        if name.split(".")[-1] == "lm_head":
+            head_b, head_n = head_b + blocks.numel() * blocks.element_size(), head_n + n
+        elif ".layers." in f".{name}.":
+            layer_b, layer_n = layer_b + blocks.numel() * blocks.element_size(), layer_n + n
+    if layer_n == 0:
+        return None
+    return layer_b / layer_n, (head_b / head_n if head_n else layer_b / layer_n)
 
 
 def trained_net(drafter: Any, depth: int = 3) -> Any | None:

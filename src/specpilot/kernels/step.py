@@ -9,6 +9,12 @@ gate_up, the gated activation, down, and the residual add fused with the next la
 (the final norm after the last layer). Every op computes what the module path computes, on the
 same inputs, so the bits are the same (``h + d`` and ``d + h`` are one IEEE addition).
 
+With the profiler ranges on (:mod:`specpilot.profiling`) the same ops run inside the cost
+model's kernel-class ranges: ``qkv`` the projection and the input norm (fused with the previous
+layer's last residual add), ``attention`` ``rope_attention`` (so RoPE counts as attention here,
+not as ``qkv`` as in the module forward), ``o_proj``, ``gate_up`` the post-attention residual +
+norm and the gated activation, ``down``, and ``lm_head`` the final norm.
+
 :func:`plan` reads the layers once (op handles, weights, the caches); it duck-types the
 Transformer (this layer sits below ``model``). :func:`run` is the forward itself. :class:`Packing`
 (the real rows of a padded verify block) lives here for both forwards; ``specpilot.model``
@@ -26,6 +32,7 @@ from torch import Tensor
 
 from specpilot.kernels import rowops
 from specpilot.kernels.attention import ops as attention_ops
+from specpilot.profiling import kernel_range
 
 
 @dataclass(frozen=True)
@@ -153,17 +160,21 @@ def _attend(p: Plan, lay: Layer, c: Call, a: Tensor, op: Any) -> Tensor:
     """q/k/v projection, RoPE, cache write and attention of ``a`` (rows, dim)."""
     cos, sin, mask = c.tables[lay.sliding and len(c.tables) > 1]
     h, hk, hd = p.heads
-    qkv = lay.qkv(a)
+    with kernel_range("qkv"):
+        qkv = lay.qkv(a)
     qw, kw = lay.qk_norms
     if c.pack is not None:  # attention on the padded layout: pad rows are zeros
         full = qkv.new_zeros(c.pack.batch * c.pack.width, qkv.shape[-1])
         full[c.pack.index] = qkv
         qkv = full
-    o = op(qkv, cos, sin, qw, kw, p.eps, p.gemma, lay.k_cache, lay.v_cache, c.cache_row, c.batch,
-           c.slots, c.slot0, c.kv_len, mask, lay.scale, h, hk, hd, p.attn_isa)  # fmt: skip
+    with kernel_range("attention"):
+        o = op(qkv, cos, sin, qw, kw, p.eps, p.gemma, lay.k_cache, lay.v_cache, c.cache_row,
+               c.batch, c.slots, c.slot0, c.kv_len, mask, lay.scale, h, hk, hd,
+               p.attn_isa)  # fmt: skip
     if c.pack is not None:
         o = o[c.pack.index]
-    return lay.o_proj(o)
+    with kernel_range("o_proj"):
+        return lay.o_proj(o)
 
 
 def run(p: Plan, x: Tensor, c: Call, want: set[int]) -> tuple[Tensor, dict[int, Tensor]]:
@@ -174,23 +185,32 @@ def run(p: Plan, x: Tensor, c: Call, want: set[int]) -> tuple[Tensor, dict[int, 
     attend = attention_ops().rope_attention.default
     eps, isa, gemma = p.eps, p.isa, p.gemma
     hidden: dict[int, Tensor] = {}
-    a = rms(x, p.layers[0].norms[0], eps, gemma, isa)
     n = len(p.layers)
+    with kernel_range("qkv"):
+        a = rms(x, p.layers[0].norms[0], eps, gemma, isa)
     for i, lay in enumerate(p.layers):
         if i in want:
             hidden[i] = x
         o = _attend(p, lay, c, a, attend)
+        nxt = kernel_range("qkv" if i + 1 < n else "lm_head")  # the next input norm
         if gemma:
-            h = x + rms(o, lay.norms[1], eps, True, isa)
-            a = rms(h, lay.norms[2], eps, True, isa)
-            d = lay.down(lay.act(a))
-            x = h + rms(d, lay.norms[3], eps, True, isa)
-            a = rms(x, p.layers[i + 1].norms[0] if i + 1 < n else p.final_norm, eps, True, isa)
+            with kernel_range("gate_up"):
+                h = x + rms(o, lay.norms[1], eps, True, isa)
+                a = lay.act(rms(h, lay.norms[2], eps, True, isa))
+            with kernel_range("down"):
+                x = h + rms(lay.down(a), lay.norms[3], eps, True, isa)
+            with nxt:
+                a = rms(x, p.layers[i + 1].norms[0] if i + 1 < n else p.final_norm, eps, True,
+                        isa)  # fmt: skip
             continue
-        h, a = add_rms(o, x, lay.norms[1], eps, False, isa)
-        d = lay.down(lay.act(a))
-        x, a = add_rms(d, h, p.layers[i + 1].norms[0] if i + 1 < n else p.final_norm, eps,
-                       False, isa)  # fmt: skip
+        with kernel_range("gate_up"):
+            h, a = add_rms(o, x, lay.norms[1], eps, False, isa)
+            a = lay.act(a)
+        with kernel_range("down"):
+            d = lay.down(a)
+        with nxt:
+            x, a = add_rms(d, h, p.layers[i + 1].norms[0] if i + 1 < n else p.final_norm, eps,
+                           False, isa)  # fmt: skip
     if n in want:
         hidden[n] = a
     return a, hidden
