@@ -3,6 +3,7 @@ lossless decoding with it, decay to plain decoding, and drafters that skip steps
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -86,6 +87,27 @@ def test_selector_hysteresis_keeps_the_last_width_on_a_near_tie() -> None:
     sel = Selector(curve, hysteresis=0.0)
     sel.last = choose([[0.5, 0.495]], curve, 0.0, max_width=1)
     assert sel.select([tree])[0].size == 2
+
+
+def test_probes_back_off_while_plain_decoding_wins_and_reset_when_nodes_pay() -> None:
+    steep = CostCurve([1, 2], [0.010, 0.020])  # a row costs a whole step: nodes never pay
+    sel = Selector(steep, probe_every=8, max_probe_gap=32)
+    weak = DraftTree.chain([1, 2], [math.log(0.3), math.log(0.1)])
+    probes = []
+    for step in range(200):
+        if sel.should_draft():
+            probes.append(step)
+            sel.note_draft(0.001)
+            assert sel.select([weak])[0].size == 0
+        else:
+            sel.note_skip()
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps[:5] == [8, 16, 32, 32, 32], gaps
+    sel.curve = CostCurve([1, 64], [0.010, 0.0101])  # rows nearly free: the next probe drafts
+    while not sel.should_draft():
+        sel.note_skip()
+    sel.note_draft(0.0)
+    assert sel.select([weak])[0].size == 2 and sel.probe_gap == 8
 
 
 class WrongDrafter:

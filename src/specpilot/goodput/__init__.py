@@ -224,6 +224,12 @@ class Selector:
     probe_every: int = 8
     """While plain decoding wins, still draft every this many steps to keep the estimates
     fresh (the drafter sees every committed token either way)."""
+    max_probe_gap: int = 64
+    """A probe that still chooses plain decoding doubles the gap to the next one, up to this
+    many steps (a probe drafts for every sequence: at a large batch, where a node rarely pays,
+    probing every ``probe_every`` steps costs more than it finds); choosing nodes resets it."""
+    probe_gap: int = 0
+    """Steps between probes now (0: ``probe_every``)."""
     draft_s: float = 0.0
     """Moving average of drafting seconds per step."""
     last: Choice | None = None
@@ -247,7 +253,16 @@ class Selector:
     def should_draft(self) -> bool:
         """Whether to run the drafter this step (False while plain decoding wins, except for
         a probe every ``probe_every`` steps)."""
-        return self.last is None or self.last.width > 0 or self.idle + 1 >= self.probe_every
+        gap = self.probe_gap or self.probe_every
+        return self.last is None or self.last.width > 0 or self.idle + 1 >= gap
+
+    def _next_probe(self, width: int) -> None:
+        """Back off after a probe that chose plain decoding; reset once nodes are chosen."""
+        if width > 0:
+            self.probe_gap = self.probe_every
+        elif self.last is not None and self.last.width == 0:
+            gap = self.probe_gap or self.probe_every
+            self.probe_gap = min(max(self.max_probe_gap, self.probe_every), 2 * gap)
 
     def select(self, trees: Sequence[DraftTree], packed: bool = False) -> list[DraftTree]:
         """Cut every tree to this step's budget (all empty for plain decoding); ``packed``: the
@@ -262,6 +277,7 @@ class Selector:
                 old = choose(gains, self.curve, self.draft_s, max_width=keep)
                 if new.goodput <= old.goodput * (1 + self.hysteresis):
                     new = old
+        self._next_probe(new.width)
         self.last = new
         out = []
         for t, g in zip(trees, gains, strict=True):
@@ -277,6 +293,7 @@ class Selector:
             old, old_counts = choose_packed(gains, self.curve, self.draft_s, self.last.width)
             if new.goodput <= old.goodput * (1 + self.hysteresis):
                 new, counts = old, old_counts
+        self._next_probe(new.width)
         self.last = new
         out = []
         for t, g, k in zip(trees, gains, counts, strict=True):
