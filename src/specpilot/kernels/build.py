@@ -81,7 +81,8 @@ def build_key(cxx: str) -> str:
     h = hashlib.sha256()
     for p in sorted(CSRC.iterdir()):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update(f"{BUILD_VERSION}\0{torch.__version__}\0{cxx}\0{COMMON_FLAGS}\0{AVX2_FLAGS}\0{OPENMP_FLAGS}".encode())
+    flags = (COMMON_FLAGS, AVX2_FLAGS, OPENMP_FLAGS)
+    h.update(f"{BUILD_VERSION}\0{torch.__version__}\0{cxx}\0{flags}".encode())
     return h.hexdigest()[:16]
 
 
