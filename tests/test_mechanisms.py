@@ -325,3 +325,25 @@ def test_union_gate_on_a_trained_head_plus_suffix(tmp_path: Any, refs: list[list
             built.engine.generate(p, GEN, drafter=drafter, spec=built.spec).tokens for p in PROMPTS
         ]
         assert outs == refs
+
+
+def test_threads_space_leaves_out_the_start_plans_own_count() -> None:
+    """A plan with threads unset runs on all of them: "all" is not a new candidate then."""
+    from specpilot.engine import EngineConfig
+
+    (p,) = get("threads").space(CPU, Plan())
+    assert (p.low, p.high) == (1, 1)
+    (p,) = get("threads").space(CPU, Plan(engine=EngineConfig(threads=1)))
+    assert (p.low, p.high, p.default) == (1, 2, 1)
+
+
+def test_linear_backend_does_not_apply_to_native_weights_with_a_training_free_drafter() -> None:
+    from dataclasses import replace
+
+    native = replace(CPU, weights="native")
+    reason = get("linear_backend").applicable(native, Plan(drafter="suffix"))
+    if reason is not None and "oneDNN" in reason and "native" not in reason:
+        pytest.skip(reason)
+    assert "native kernels" in (reason or "")
+    assert get("linear_backend").applicable(native, Plan(drafter="head")) is None
+    assert get("linear_backend").applicable(CPU, Plan(drafter="suffix")) is None

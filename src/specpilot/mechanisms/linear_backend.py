@@ -15,6 +15,9 @@ from typing import Any
 from specpilot.mechanisms.base import Context, Param
 from specpilot.plan import Plan
 
+_NO_LINEARS = ("lookup", "suffix")
+"""Drafters that run no linear layer (the training-free ones)."""
+
 
 class LinearBackend:
     id = "linear_backend"
@@ -31,6 +34,11 @@ class LinearBackend:
             return "prepacked oneDNN linears are for CPU fp32"
         if not onednn_available():
             return "this torch build has no oneDNN (mkldnn) linear"
+        if ctx.native and plan.drafter in _NO_LINEARS:
+            return (
+                "the target runs its GGUF blocks through the native kernels and the "
+                f"{plan.drafter} drafter has no linears: no fp32 GEMM runs"
+            )
         return None
 
     def apply(self, plan: Plan, params: Mapping[str, Any]) -> Plan:

@@ -20,9 +20,12 @@ class Threads:
     description = "CPU threads for torch's kernels"
 
     def space(self, ctx: Context, plan: Plan) -> tuple[Param, ...]:
+        """Thread counts 1..all; a plan that leaves threads unset already runs on all of them,
+        so "all" is left out then: as a candidate it would time the start plan against itself."""
         most = max(ctx.threads, 1)
         now = plan.engine.threads or most
-        return (Param("threads", "int", min(now, most), low=1, high=most),)
+        high = most - 1 if plan.engine.threads is None and most > 1 else most
+        return (Param("threads", "int", min(now, high), low=1, high=high),)
 
     def applicable(self, ctx: Context, plan: Plan) -> str | None:
         if ctx.on_gpu:
