@@ -417,7 +417,8 @@ def test_native_load_runs_the_file_blocks(native_gguf) -> None:  # type: ignore[
     assert m.native and not fp32.model.native
     assert nat.notes == ("blk.1.ffn_down.weight: Q5_1 has no native kernel, dequantized",)
     att0, att1 = m.model.layers[0].self_attn, m.model.layers[1].self_attn
-    assert att0.qkv is None and isinstance(att0.q_proj, kernels.GGUFLinear)
+    assert isinstance(att0.qkv, kernels.GGUFMultiLinear)  # mixed types: one fused call
+    assert all(isinstance(p, kernels.GGUFLinear) for p in att0.qkv.parts)
     assert isinstance(att1.qkv, kernels.GGUFLinear) and att1.qkv.qtype == qt("Q4_1")
     assert isinstance(m.lm_head, kernels.GGUFLinear) and m.lm_head.qtype == qt("Q8_0")
     assert isinstance(m.model.embed_tokens, kernels.GGUFEmbedding)
@@ -426,7 +427,7 @@ def test_native_load_runs_the_file_blocks(native_gguf) -> None:  # type: ignore[
     w = att1.qkv.weight
     qkv = [ref[f"model.layers.1.self_attn.{x}_proj.weight"] for x in "qkv"]
     assert torch.equal(w, torch.cat(qkv))
-    assert torch.equal(att0.k_proj.weight, ref["model.layers.0.self_attn.k_proj.weight"])
+    assert torch.equal(att0.qkv.parts[1].weight, ref["model.layers.0.self_attn.k_proj.weight"])
     assert torch.equal(m.model.embed_tokens.weight, ref["model.embed_tokens.weight"])
     assert torch.equal(m.head_weight(), ref["model.embed_tokens.weight"])  # tied
     for lm in (fp32.model, m):

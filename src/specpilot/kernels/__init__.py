@@ -19,7 +19,9 @@ call, a row's position among them, the thread count (threads split the n columns
 tiling of rows and columns, or the ISA: the portable and AVX2 paths give the same bits, and a
 reference output is portable across x86 machines. Dense F32/F16/BF16 weights follow the same
 order; running a block type natively equals running the dense F32 kernel on its dequantized
-weights, bit for bit. Tests: tests/test_kernels.py.
+weights, bit for bit. Tests: tests/test_kernels.py. A fused call over several linears of one x
+(``gguf_matmul_multi``, :class:`GGUFMultiLinear`: q/k/v of mixed block types) computes each
+column by the same kernel as the separate call: tests/test_fused_linear.py.
 
 Int8-activation contract (numerics profile ``int8``, :mod:`specpilot.kernels.int8`; ``fp32``
 above is the default). For weight types Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, from row r of x and
@@ -100,10 +102,12 @@ from specpilot.kernels.linear import (
     QTYPES,
     GGUFEmbedding,
     GGUFLinear,
+    GGUFMultiLinear,
     available,
     check_blocks,
     dequantize_rows,
     gguf_matmul,
+    gguf_matmul_multi,
     gguf_matmul_reference,
     reader_blocks,
     supports,
@@ -115,6 +119,7 @@ __all__ = [
     "QTYPES",
     "GGUFEmbedding",
     "GGUFLinear",
+    "GGUFMultiLinear",
     "available",
     "check_blocks",
     "dequantize_rows",
@@ -122,6 +127,7 @@ __all__ = [
     "fixed_exp",
     "gguf_matmul",
     "gguf_matmul_int8",
+    "gguf_matmul_multi",
     "gguf_matmul_reference",
     "int8_supports",
     "quantize_rows",

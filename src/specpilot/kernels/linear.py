@@ -1,7 +1,8 @@
 """``GGUFLinear``: a linear layer whose weight stays in its GGUF blocks, over the native kernels.
 
 The functions here are the Python face of the ``specpilot::`` torch ops (see the package
-docstring for the numerics contract): :func:`gguf_matmul`, :func:`dequantize_rows`, plus the
+docstring for the numerics contract): :func:`gguf_matmul`, :func:`gguf_matmul_multi` (several
+linears of one input in one call, :class:`GGUFMultiLinear`), :func:`dequantize_rows`, plus the
 checks that turn a wrong byte length into a :class:`~specpilot.errors.ModelLoadError` naming the
 tensor. The ISA path is ``auto`` unless ``$SPECPILOT_KERNELS_ISA`` (or an ``isa`` argument) says
 ``portable`` or ``avx2``; every path gives the same bits.
@@ -61,6 +62,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake("specpilot::gguf_matmul")
     def _(x, blocks, qtype, n, k, bias=None, isa=0, row_tile=0, col_tile=0):  # type: ignore[no-untyped-def]
         return x.new_empty((x.shape[0], n))
+
+    @torch.library.register_fake("specpilot::gguf_matmul_multi")
+    def _(x, blocks, qtypes, ns, k, bias=None, isa=0, row_tile=0, col_tile=0):  # type: ignore[no-untyped-def]
+        return x.new_empty((x.shape[0], sum(ns)))
 
     @torch.library.register_fake("specpilot::gguf_matmul_reference")
     def _(x, blocks, qtype, n, k, bias=None, lanes=8):  # type: ignore[no-untyped-def]
@@ -255,6 +260,69 @@ class GGUFLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, qtype={self.qtype}"
+
+
+def gguf_matmul_multi(
+    x: Tensor,
+    parts: list[tuple[Tensor, int, int]],
+    k: int,
+    bias: Tensor | None = None,
+    isa: str | None = None,
+    row_tile: int = 0,
+    col_tile: int = 0,
+) -> Tensor:
+    """Several linears of one x in one op call: ``cat([gguf_matmul(x, b, t, n, k) for (b, t, n)
+    in parts], -1) (+ bias)``, bit for bit (each column by the same kernel as the separate call),
+    one thread fork-join for all; the parts may differ in block type. ``bias``: sum of n."""
+    lead = x.shape[:-1]
+    blocks, qtypes, ns = [p[0] for p in parts], [int(p[1]) for p in parts], [p[2] for p in parts]
+    y = _ops().gguf_matmul_multi(
+        x.reshape(-1, k), blocks, qtypes, ns, k, bias, isa_code(isa), row_tile, col_tile
+    )
+    return y.reshape(*lead, sum(ns))
+
+
+class GGUFMultiLinear(nn.Module):
+    """Linears of one input fused into one op call (``specpilot::gguf_matmul_multi``): the
+    output is the parts' outputs concatenated, ``cat([p(x) for p in parts], -1)``, bit for bit,
+    with one fork-join instead of one per part (q/k/v of different block types, e.g. Gemma 3's
+    Q5_0 q/k and Q8_0 v). The parts stay modules (their tiles and numerics profile are set as
+    any GGUFLinear's; the first part's tiles apply); the int8 profile, or a part swapped for
+    another module, runs the parts' own forwards and concatenates them."""
+
+    def __init__(self, parts: list[GGUFLinear]) -> None:
+        super().__init__()
+        if not parts or len({p.in_features for p in parts}) != 1:
+            raise ValueError("GGUFMultiLinear needs one or more parts with one input width")
+        if len({p.bias is None for p in parts}) != 1:
+            raise ValueError("GGUFMultiLinear needs a bias on every part or on none")
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self._qtypes = [p.qtype for p in parts]
+        self._ns = [p.out_features for p in parts]
+        b = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
+        self.register_buffer("bias", b, persistent=False)
+        self._op = _ops().gguf_matmul_multi.default
+
+    def forward(self, x: Tensor) -> Tensor:
+        parts = list(self.parts)
+        if not all(isinstance(p, GGUFLinear) and p._profile == "fp32" for p in parts):
+            return torch.cat([p(x) for p in parts], dim=-1)  # int8, or a part swapped out
+        head, k = parts[0], self.in_features
+        x2 = x if x.dim() == 2 and x.dtype == torch.float32 else x.reshape(-1, k).float()
+        rt, ct = head.tiles[x2.shape[0] > 1]
+        blocks = [p.blocks for p in parts]
+        y = self._op(x2, blocks, self._qtypes, self._ns, k, self.bias, head.isa, rt, ct)
+        return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)
+
+    @property
+    def weight(self) -> Tensor:
+        """The parts' fp32 weights stacked (see GGUFLinear.weight); the forward never uses it."""
+        return torch.cat([p.weight for p in self.parts])
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, qtypes={self._qtypes}"
 
 
 def set_schedule(

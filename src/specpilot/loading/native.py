@@ -171,10 +171,11 @@ def _attention(att: Any, get: Any, i: int, heads: tuple[int, int] | None) -> Non
         bias = None if biases[0] is None else torch.cat(biases)
         att.qkv = _linear(parts, bias, names[0])
         del att.q_proj, att.k_proj, att.v_proj
-    else:
-        att.q_proj, att.k_proj, att.v_proj = (
-            _linear([p], b, nm) for p, b, nm in zip(parts, biases, names, strict=True)
+    else:  # mixed types: one fused call over the three (the same bits as three calls)
+        att.qkv = kernels.GGUFMultiLinear(
+            [_linear([p], b, nm) for p, b, nm in zip(parts, biases, names, strict=True)]
         )
+        del att.q_proj, att.k_proj, att.v_proj
     name = f"blk.{i}.attn_output.weight"
     o = get(name, None)
     _check_shape((o[2], o[3]), att.o_proj, name)
@@ -191,7 +192,8 @@ def _mlp(mlp: Any, get: Any, i: int) -> None:
         del mlp.gate_proj, mlp.up_proj
     else:
         pairs = zip(parts, names, strict=True)
-        mlp.gate_proj, mlp.up_proj = (_linear([p], None, nm) for p, nm in pairs)
+        mlp.gate_up = kernels.GGUFMultiLinear([_linear([p], None, nm) for p, nm in pairs])
+        del mlp.gate_proj, mlp.up_proj
     name = f"blk.{i}.ffn_down.weight"
     d = get(name, None)
     _check_shape((d[2], d[3]), mlp.down_proj, name)

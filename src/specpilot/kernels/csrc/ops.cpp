@@ -59,6 +59,24 @@ int64_t grain_units(int64_t m, int64_t k) {
   return std::max<int64_t>(1, (int64_t{1} << 16) / per_unit);
 }
 
+// The default tiles: 1 x 4, 2 x 4, 3 x 4 for one to three rows, panels of 4 x 3 from 4 rows.
+int default_row_tile(int64_t row_tile, int64_t m) {
+  return row_tile > 0 ? static_cast<int>(row_tile) : (m == 1 ? 1 : 4);
+}
+int default_col_tile(int64_t col_tile, int64_t m) {
+  return col_tile > 0 ? static_cast<int>(col_tile) : (m <= 3 ? 4 : 3);
+}
+
+void run_columns(const sp::GemmArgs& a, bool avx2, int64_t n0, int64_t n1, int rt, int ct) {
+  if (avx2) {
+#if !defined(SP_NO_AVX2)
+    sp_gemm_avx2(&a, n0, n1, rt, ct);
+#endif
+  } else {
+    sp_gemm_scalar(&a, n0, n1, 8);
+  }
+}
+
 at::Tensor gguf_matmul(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype, int64_t n,
                        int64_t k, const c10::optional<at::Tensor>& bias, int64_t isa,
                        int64_t row_tile, int64_t col_tile) {
@@ -67,19 +85,63 @@ at::Tensor gguf_matmul(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   const sp::GemmArgs a = make_args(x, blocks, qtype, n, k, bias, y);
   if (a.m == 0) return y;
   const bool avx2 = sp::use_avx2(isa);
-  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : (a.m == 1 ? 1 : 4);
-  // default tiles: 1 x 4, 2 x 4, 3 x 4 for one to three rows, panels of 4 x 3 from 4 rows
-  const int ct = col_tile > 0 ? static_cast<int>(col_tile) : (a.m <= 3 ? 4 : 3);
+  const int rt = default_row_tile(row_tile, a.m), ct = default_col_tile(col_tile, a.m);
   const int64_t unit = sp::kColumnUnit;
   const int64_t units = (n + unit - 1) / unit;
   at::parallel_for(0, units, grain_units(a.m, k), [&](int64_t u0, int64_t u1) {
-    const int64_t n0 = u0 * unit, n1 = std::min(n, u1 * unit);
-    if (avx2) {
-#if !defined(SP_NO_AVX2)
-      sp_gemm_avx2(&a, n0, n1, rt, ct);
-#endif
-    } else {
-      sp_gemm_scalar(&a, n0, n1, 8);
+    run_columns(a, avx2, u0 * unit, std::min(n, u1 * unit), rt, ct);
+  });
+  return y;
+}
+
+// Several linears of one x in one call: part p (blocks[p], type qtypes[p], ns[p] rows of W)
+// writes the columns [off_p, off_p + ns[p]) of y (m, sum ns), off_p the sum of the ns before
+// it. One at::parallel_for runs over the union of the parts' column units; a part's columns are
+// computed by the same kernel calls as a gguf_matmul of that part alone (its GemmArgs with y
+// moved to the part's first column and the row stride of y, a.n, set to sum ns), so the bits
+// are those of the separate calls concatenated. bias: sum ns elements, or None for all parts.
+at::Tensor gguf_matmul_multi(const at::Tensor& x_in, at::TensorList blocks, at::IntArrayRef qtypes,
+                             at::IntArrayRef ns, int64_t k, const c10::optional<at::Tensor>& bias,
+                             int64_t isa, int64_t row_tile, int64_t col_tile) {
+  const size_t parts = blocks.size();
+  TORCH_CHECK(parts > 0 && qtypes.size() == parts && ns.size() == parts,
+              "specpilot: gguf_matmul_multi needs one type and one n per block tensor");
+  const at::Tensor x = x_in.contiguous();
+  int64_t total = 0;
+  for (const int64_t n : ns) {
+    TORCH_CHECK(n > 0, "specpilot: n must be positive");
+    total += n;
+  }
+  at::Tensor y = at::empty({x.size(0), total}, x.options());
+  const float* bp = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == total &&
+                    bias->is_contiguous(),
+                "specpilot: bias must be a contiguous float32 tensor of ", total, " elements");
+    bp = bias->data_ptr<float>();
+  }
+  const int64_t unit = sp::kColumnUnit;
+  std::vector<sp::GemmArgs> args;
+  std::vector<int64_t> first(parts + 1, 0);  // first[p]: the first union unit of part p
+  int64_t off = 0;
+  for (size_t p = 0; p < parts; ++p) {
+    args.push_back(make_args(x, blocks[p], qtypes[p], ns[p], k, c10::nullopt, y));
+    args[p].y += off;
+    args[p].n = total;
+    args[p].bias = bp == nullptr ? nullptr : bp + off;
+    first[p + 1] = first[p] + (ns[p] + unit - 1) / unit;
+    off += ns[p];
+  }
+  const int64_t m = x.size(0);
+  if (m == 0) return y;
+  const bool avx2 = sp::use_avx2(isa);
+  const int rt = default_row_tile(row_tile, m), ct = default_col_tile(col_tile, m);
+  at::parallel_for(0, first[parts], grain_units(m, k), [&](int64_t u0, int64_t u1) {
+    for (size_t p = 0; p < parts; ++p) {
+      const int64_t lo = std::max(u0, first[p]), hi = std::min(u1, first[p + 1]);
+      if (lo >= hi) continue;
+      run_columns(args[p], avx2, (lo - first[p]) * unit,
+                  std::min(ns[p], (hi - first[p]) * unit), rt, ct);
     }
   });
   return y;
@@ -140,6 +202,9 @@ TORCH_LIBRARY(specpilot, m) {
       "gguf_matmul(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, "
       "int isa=0, int row_tile=0, int col_tile=0) -> Tensor");
   m.def(
+      "gguf_matmul_multi(Tensor x, Tensor[] blocks, int[] qtypes, int[] ns, int k, "
+      "Tensor? bias=None, int isa=0, int row_tile=0, int col_tile=0) -> Tensor");
+  m.def(
       "gguf_matmul_reference(Tensor x, Tensor blocks, int qtype, int n, int k, "
       "Tensor? bias=None, int lanes=8) -> Tensor");
   m.def("gguf_dequantize(Tensor blocks, int qtype, int n, int k, Tensor rows) -> Tensor");
@@ -149,6 +214,7 @@ TORCH_LIBRARY(specpilot, m) {
 
 TORCH_LIBRARY_IMPL(specpilot, CPU, m) {
   m.impl("gguf_matmul", &gguf_matmul);
+  m.impl("gguf_matmul_multi", &gguf_matmul_multi);
   m.impl("gguf_matmul_reference", &gguf_matmul_reference);
   m.impl("gguf_dequantize", &gguf_dequantize);
 }
