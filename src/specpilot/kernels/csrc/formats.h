@@ -172,7 +172,8 @@ struct GemmArgs {
 
 namespace sp {
 // Calls with at least this many rows decode each weight once into a panel (gemm_avx2.cpp);
-// fewer rows decode in registers per row tile. Either way the same bits.
+// fewer rows decode in registers per row tile (and one more for the 32-element block types,
+// see panel_rows there). Either way the same bits.
 constexpr int64_t kPanelRows = 4;
 // Threads get column ranges in multiples of this (a multiple of every column tile).
 constexpr int64_t kColumnUnit = 12;
