@@ -1,7 +1,8 @@
-"""Fused linears of one input (``specpilot::gguf_matmul_multi``, ``GGUFMultiLinear``): bit for bit
-the separate ``gguf_matmul`` calls concatenated, for every block type, mixed types in one call,
-row counts 1..9, one and two threads, both ISA paths, tiles and biases; the fake kernel; and the
-whole native model (module and lean forwards) with and without the fusion."""
+"""Fused linears of one input (``specpilot::gguf_matmul_multi``, its int8 twin
+``gguf_matmul_q8_multi``, ``GGUFMultiLinear``): bit for bit the separate calls concatenated, for
+every block type, mixed types in one call, row counts 1..9, one and two threads, both ISA paths,
+tiles and biases; the fake kernels; and the whole native model (module and lean forwards, both
+numerics profiles) with and without the fusion."""
 
 from __future__ import annotations
 
@@ -69,6 +70,38 @@ def test_fused_equals_separate_calls_every_type(name: str, threads: int) -> None
         torch.set_num_threads(prev)
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_int8_equals_separate_int8_calls(name: str, threads: int) -> None:
+    """The int8 profile's fused op (x quantized once) against separate gguf_matmul_q8 calls."""
+    others = {"Q8_0": "Q4_0", "Q4_0": "Q6_K"}
+    names = [others.get(name, "Q8_0"), name, "Q5_0"]
+    parts = parts_of(names, [301, 77, 150], seed=len(name) * 5 + threads)
+    total = sum(p[2] for p in parts)
+    op = torch.ops.specpilot.gguf_matmul_q8_multi
+    g = torch.Generator().manual_seed(threads)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for m in range(1, 10):
+            x = torch.randn(m, K, generator=g)
+            for bias in (None, torch.randn(total, generator=g)):
+                for isa in ISAS:
+                    code = kernels.linear.isa_code(isa)
+                    outs, off = [], 0
+                    for blocks, t, n in parts:
+                        b = None if bias is None else bias[off : off + n].contiguous()
+                        outs.append(kernels.gguf_matmul_int8(x, blocks, t, n, K, b, code))
+                        off += n
+                    blocks, types = [p[0] for p in parts], [p[1] for p in parts]
+                    got = op(x, blocks, types, [p[2] for p in parts], K, bias, code)
+                    assert same_bits(got, torch.cat(outs, dim=-1)), (m, isa, bias is None)
+    finally:
+        torch.set_num_threads(prev)
+    with pytest.raises(RuntimeError, match="no int8 kernel"):
+        op(x, [parts[0][0]], [qt("F16")], [parts[0][2]], K)
+
+
 @pytest.mark.parametrize("tiles", [(1, 1), (2, 3), (3, 4), (4, 2), (8, 4)])
 def test_fused_tiles_and_a_single_part(tiles: tuple[int, int]) -> None:
     parts = parts_of(["Q4_K", "F16", "Q4_0"], [25, 260, 12], seed=3)
@@ -110,6 +143,8 @@ def test_fused_op_has_a_fake_kernel() -> None:
     args = (torch.randn(3, K), [p[0] for p in parts], [p[1] for p in parts], [24, 12], K)
     kernels.gguf_matmul_multi(args[0], parts, K)  # loads the ops and registers the fakes
     torch.library.opcheck(torch.ops.specpilot.gguf_matmul_multi.default, args)
+    kernels.int8.q8_multi_op()  # registers the int8 fakes
+    torch.library.opcheck(torch.ops.specpilot.gguf_matmul_q8_multi.default, args)
 
 
 def test_multi_linear_module_is_its_parts_concatenated() -> None:
@@ -127,8 +162,11 @@ def test_multi_linear_module_is_its_parts_concatenated() -> None:
     assert all(m.tiles == ((1, 2), (4, 3)) for m in lins)
     x = torch.randn(5, K)
     assert same_bits(fused(x), torch.cat([m(x) for m in lins], dim=-1))
+    lins[0].profile = "int8"  # mixed profiles: the parts' own ops
+    assert same_bits(fused(x), torch.cat([m(x) for m in lins], dim=-1))
     for m in lins:
-        m.profile = "int8"  # the parts' own int8 ops
+        m.profile = "int8"  # the fused int8 op
+    assert fused._fused_op(list(fused.parts)) is kernels.int8.q8_multi_op()
     assert same_bits(fused(x), torch.cat([m(x) for m in lins], dim=-1))
     assert torch.equal(fused.weight, torch.cat([m.weight for m in lins]))
     fused.parts[1] = torch.nn.Identity()  # a part swapped out: the parts' own forwards
@@ -156,13 +194,16 @@ def unfuse(m: Transformer) -> int:
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma3"])
-@pytest.mark.parametrize("lean", [True, False])
+@pytest.mark.parametrize(("lean", "numerics"), [(True, "fp32"), (False, "fp32"), (True, "int8")])
 def test_model_bits_with_and_without_fusion(
     name: str,
     lean: bool,
+    numerics: str,
     files: dict[str, Path],  # noqa: F811
 ) -> None:
     fused, plain = load_native(files[name])[0], load_native(files[name])[0]
+    fused.set_numerics(numerics)
+    plain.set_numerics(numerics)
     assert any(isinstance(mod, kernels.GGUFMultiLinear) for mod in fused.modules())
     assert unfuse(plain) >= 1  # the mixed-type layers were fused at load
     if not lean:

@@ -30,6 +30,10 @@ def register_fakes() -> None:
     def _(x, blocks, qtype, n, k, bias=None, isa=0, row_tile=0, col_tile=0):  # type: ignore[no-untyped-def]
         return x.new_empty((x.shape[0], n))
 
+    @torch.library.register_fake("specpilot::gguf_matmul_q8_multi")
+    def _(x, blocks, qtypes, ns, k, bias=None, isa=0, row_tile=0, col_tile=0):  # type: ignore[no-untyped-def]
+        return x.new_empty((x.shape[0], sum(ns)))
+
     @torch.library.register_fake("specpilot::q8_quantize")
     def _(x):  # type: ignore[no-untyped-def]
         m, k = x.shape
@@ -60,6 +64,12 @@ def _ops() -> Any:
 def q8_op() -> Any:
     """The int8 GEMM op overload (the same signature as ``specpilot::gguf_matmul``)."""
     return _ops().gguf_matmul_q8.default
+
+
+def q8_multi_op() -> Any:
+    """The fused int8 op overload (``specpilot::gguf_matmul_q8_multi``: several linears of one
+    x, quantized once; the signature of ``specpilot::gguf_matmul_multi``)."""
+    return _ops().gguf_matmul_q8_multi.default
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

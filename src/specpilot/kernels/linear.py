@@ -287,8 +287,9 @@ class GGUFMultiLinear(nn.Module):
     output is the parts' outputs concatenated, ``cat([p(x) for p in parts], -1)``, bit for bit,
     with one fork-join instead of one per part (q/k/v of different block types, e.g. Gemma 3's
     Q5_0 q/k and Q8_0 v). The parts stay modules (their tiles and numerics profile are set as
-    any GGUFLinear's; the first part's tiles apply); the int8 profile, or a part swapped for
-    another module, runs the parts' own forwards and concatenates them."""
+    any GGUFLinear's; the first part's tiles apply). All parts in the int8 profile run
+    ``specpilot::gguf_matmul_q8_multi`` (x quantized once); mixed profiles, a type without an
+    int8 kernel or a part swapped for another module run the parts' own forwards."""
 
     def __init__(self, parts: list[GGUFLinear]) -> None:
         super().__init__()
@@ -305,15 +306,27 @@ class GGUFMultiLinear(nn.Module):
         self.register_buffer("bias", b, persistent=False)
         self._op = _ops().gguf_matmul_multi.default
 
+    def _fused_op(self, parts: list[nn.Module]) -> Any:
+        """The fused op the parts allow (fp32 or int8 profile, all alike), else None."""
+        if not all(isinstance(p, GGUFLinear) for p in parts):
+            return None
+        profiles = {p._profile for p in parts}  # type: ignore[union-attr]
+        if profiles == {"fp32"}:
+            return self._op
+        if profiles == {"int8"} and all(int8.int8_supports(t) for t in self._qtypes):
+            return int8.q8_multi_op()
+        return None
+
     def forward(self, x: Tensor) -> Tensor:
         parts = list(self.parts)
-        if not all(isinstance(p, GGUFLinear) and p._profile == "fp32" for p in parts):
-            return torch.cat([p(x) for p in parts], dim=-1)  # int8, or a part swapped out
+        op = self._fused_op(parts)
+        if op is None:  # mixed profiles, a type without an int8 kernel, a part swapped out
+            return torch.cat([p(x) for p in parts], dim=-1)
         head, k = parts[0], self.in_features
         x2 = x if x.dim() == 2 and x.dtype == torch.float32 else x.reshape(-1, k).float()
         rt, ct = head.tiles[x2.shape[0] > 1]
         blocks = [p.blocks for p in parts]
-        y = self._op(x2, blocks, self._qtypes, self._ns, k, self.bias, head.isa, rt, ct)
+        y = op(x2, blocks, self._qtypes, self._ns, k, self.bias, head.isa, rt, ct)
         return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)
 
     @property

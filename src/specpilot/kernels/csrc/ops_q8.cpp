@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "gemm_q8.h"
 #include "isa.h"
@@ -103,6 +104,79 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   return y;
 }
 
+// Several linears of one x (the int8 twin of gguf_matmul_multi in ops.cpp): x quantized once,
+// part p writes the columns [off_p, off_p + ns[p]) of y (its Q8GemmArgs with y moved to its
+// first column and the row stride a.n set to sum ns), one at::parallel_for over all columns,
+// each column by the same kernel call as a gguf_matmul_q8 of that part alone: the same bits.
+at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
+                                at::IntArrayRef qtypes, at::IntArrayRef ns, int64_t k,
+                                const c10::optional<at::Tensor>& bias, int64_t isa,
+                                int64_t row_tile, int64_t col_tile) {
+  const size_t parts = blocks.size();
+  TORCH_CHECK(parts > 0 && qtypes.size() == parts && ns.size() == parts,
+              "specpilot: gguf_matmul_q8_multi needs one type and one n per block tensor");
+  const at::Tensor x = x_in.contiguous();
+  check_x(x, k);
+  int64_t total = 0;
+  bool sums = false;
+  const bool avx2 = sp::use_avx2(isa);
+  for (size_t p = 0; p < parts; ++p) {
+    const int qt = static_cast<int>(qtypes[p]);
+    TORCH_CHECK(sp::q8_supported(qt), "specpilot: GGUF type ", qt, " has no int8 kernel");
+    TORCH_CHECK(ns[p] > 0, "specpilot: n must be positive");
+    const int64_t rb = k / sp::block_elems(qt) * sp::block_bytes(qt);
+    TORCH_CHECK(blocks[p].device().is_cpu() && blocks[p].scalar_type() == at::kByte &&
+                    blocks[p].is_contiguous() && blocks[p].numel() == ns[p] * rb,
+                "specpilot: blocks must be a contiguous CPU uint8 tensor of ", ns[p] * rb,
+                " bytes");
+    sums = sums || (avx2 && (qt == sp::Q4_0 || qt == sp::Q5_0));
+    total += ns[p];
+  }
+  const float* bp = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == total &&
+                    bias->is_contiguous(),
+                "specpilot: bias must be a contiguous float32 tensor of ", total, " elements");
+    bp = bias->data_ptr<float>();
+  }
+  const int64_t m = x.size(0);
+  at::Tensor y = at::empty({m, total}, x.options());
+  if (m == 0) return y;
+  const int64_t nb = k / 32;
+  std::unique_ptr<int8_t[]> q(new int8_t[static_cast<size_t>(m * k)]);
+  std::unique_ptr<float[]> ds(new float[static_cast<size_t>(2 * m * nb)]);
+  std::unique_ptr<int32_t[]> qsum(sums ? new int32_t[static_cast<size_t>(m * nb)] : nullptr);
+  quantize(avx2, x.data_ptr<float>(), m, k, q.get(), ds.get(), ds.get() + m * nb, qsum.get());
+  const sp::Q8Rows rows{q.get(), ds.get(), ds.get() + m * nb, m, k, qsum.get()};
+  std::vector<sp::Q8GemmArgs> args;
+  std::vector<int64_t> off(parts + 1, 0);
+  for (size_t p = 0; p < parts; ++p) {
+    const int qt = static_cast<int>(qtypes[p]);
+    args.push_back(sp::Q8GemmArgs{qt, rows, blocks[p].data_ptr<uint8_t>(),
+                                  k / sp::block_elems(qt) * sp::block_bytes(qt),
+                                  bp == nullptr ? nullptr : bp + off[p],
+                                  y.data_ptr<float>() + off[p], total});
+    off[p + 1] = off[p] + ns[p];
+  }
+  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : 4;
+  const int ct = col_tile > 0 ? static_cast<int>(col_tile) : 8;
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
+  at::parallel_for(0, total, grain, [&](int64_t c0, int64_t c1) {
+    for (size_t p = 0; p < parts; ++p) {
+      const int64_t lo = std::max(c0, off[p]) - off[p], hi = std::min(c1, off[p + 1]) - off[p];
+      if (lo >= hi) continue;
+      if (avx2) {
+#if !defined(SP_NO_AVX2)
+        sp_gemm_q8_avx2(&args[p], lo, hi, rt, ct);
+#endif
+      } else {
+        sp_gemm_q8_scalar(&args[p], lo, hi);
+      }
+    }
+  });
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
@@ -110,9 +184,13 @@ TORCH_LIBRARY_FRAGMENT(specpilot, m) {
   m.def(
       "gguf_matmul_q8(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, "
       "int isa=0, int row_tile=0, int col_tile=0) -> Tensor");
+  m.def(
+      "gguf_matmul_q8_multi(Tensor x, Tensor[] blocks, int[] qtypes, int[] ns, int k, "
+      "Tensor? bias=None, int isa=0, int row_tile=0, int col_tile=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specpilot, CPU, m) {
   m.impl("q8_quantize", &q8_quantize);
   m.impl("gguf_matmul_q8", &gguf_matmul_q8);
+  m.impl("gguf_matmul_q8_multi", &gguf_matmul_q8_multi);
 }
