@@ -213,7 +213,7 @@ def test_thread_split_does_not_change_bits() -> None:
 def test_avx2_equals_portable_for_every_row_count_tile_and_thread_count(
     name: str, n: int, m: int, tile: tuple[int, int], threads: int, bias: bool, seed: int
 ) -> None:
-    """Rows 1..20 (the direct path below 4 rows, the decoded-panel path from 4) and large m,
+    """Rows 1..20 (the direct path below 4 rows, the decoded-panel path from 4 or 5) and large m,
     odd n (not a multiple of any column tile or of the 12-column thread unit)."""
     k = 768 if name in ("Q4_K", "Q6_K") else 8 * 37 + 5 if name in DENSE else 32 * 9
     raw = as_tensor(random_weight(name, n, k, seed))
@@ -232,7 +232,7 @@ def test_avx2_equals_portable_for_every_row_count_tile_and_thread_count(
 @pytest.mark.skipif(not AVX2, reason="this CPU has no AVX2+FMA+F16C")
 @pytest.mark.parametrize("name", ALL)
 def test_panel_path_equals_direct_path(name: str) -> None:
-    """The decoded-panel path (4+ rows) gives each row the bits of the register-decode path
+    """The decoded-panel path (17 rows here) gives each row the bits of the register-decode path
     (rows run one at a time), on the SmolLM2 shapes' k and a column count split by threads."""
     n, k = 150, 1536 if name not in DENSE else 1539
     raw = as_tensor(random_weight(name, n, k, 31))

@@ -223,7 +223,8 @@ class GGUFLinear(nn.Module):
     ) -> None:
         """The GEMM's (row tile, column tile) for one-row calls (plain decoding) and for
         multi-row calls (verify, prefill); 0 = the op's default (one row: 1 x 4, two: 2 x 4,
-        three: 3 x 4, from four rows decoded panels of 4 x 3, a remainder in blocks of 3).
+        three: 3 x 4, from four rows 4 x 3: decoded panels, except four rows of a 32-element
+        block type (Q4_0/Q4_1/Q5_0/Q8_0), which decode in registers; a remainder in blocks of 3).
         Tiles change the schedule only, never a bit of the output (the numerics contract).
         ValueError for a tile outside :data:`ROW_TILES` / :data:`COL_TILES`."""
         for rt, ct in (single, multi):

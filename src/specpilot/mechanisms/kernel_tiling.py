@@ -1,7 +1,8 @@
 """Mechanism ``kernel_tiling`` (kernel): the row and column tiles of the native GGUF GEMM.
 
 Applies where the target runs its GGUF blocks through the native kernels (``--weights native``).
-Calls of 4 rows or more decode each weight once into a panel and run a micro-kernel of *row
+Calls of 5 rows or more (4 for the K-quants and dense types) decode each weight once into a
+panel and run a micro-kernel of *row
 tile* rows x *column tile* columns over it (at most 12 accumulators: it takes the largest row
 group that fits, a remainder in groups of 3 and 2); fewer rows decode in registers for a group
 of *row tile* rows and *column tile* columns (at most 8 accumulators, or 3 x 4; column tile 3

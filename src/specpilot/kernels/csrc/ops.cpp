@@ -59,7 +59,8 @@ int64_t grain_units(int64_t m, int64_t k) {
   return std::max<int64_t>(1, (int64_t{1} << 16) / per_unit);
 }
 
-// The default tiles: 1 x 4, 2 x 4, 3 x 4 for one to three rows, panels of 4 x 3 from 4 rows.
+// The default tiles: 1 x 4, 2 x 4, 3 x 4 for one to three rows; from 4 rows 4 x 3 (decoded panels,
+// except four rows of a 32-element block type, which run the direct register tile).
 int default_row_tile(int64_t row_tile, int64_t m) {
   return row_tile > 0 ? static_cast<int>(row_tile) : (m == 1 ? 1 : 4);
 }
