@@ -33,7 +33,6 @@ from specpilot.engine import (
     GenerationResult,
     Stopper,
     TokenCallback,
-    join_hidden,
 )
 from specpilot.errors import ConfigError, ContextLengthError
 from specpilot.goodput import Selector
@@ -170,7 +169,10 @@ class Slot:
     sampler: Sampler
     stopper: Stopper
     spec: TreeSpec
-    hidden: tuple[Tensor, ...] = ()
+    hidden: list[tuple[Tensor, ...]] = field(default_factory=list)
+    """Target states the drafter has not seen yet, one entry per forward (prefill, steps):
+    joined once when the drafter is next asked, so a step that skips drafting only appends
+    (concatenating every step copied the whole backlog, the prompt's states included)."""
     t_admit: float = 0.0
     done: bool = False
 
@@ -281,7 +283,7 @@ class BatchEngine:
         with kernel_range("prefill"):
             out = prefill(self.model, prompt, taps, row=slot.row)
             first = slot.sampler.first(out.logits[0, -1])
-        slot.hidden = tuple(h[0] for h in out.hidden)
+        slot.hidden = [tuple(h[0] for h in out.hidden)] if out.hidden else []
         slot.res.prefill_s = time.perf_counter() - slot.t_admit
         slot.committed = [*prompt, first]
         if req.drafter is not None:
@@ -321,9 +323,9 @@ class BatchEngine:
             if d is not None:
                 td = time.perf_counter()
                 with kernel_range("drafter"):
-                    ctx = DraftContext(s.committed, s.res.prompt_len, s.spec, s.hidden)
+                    ctx = DraftContext(s.committed, s.res.prompt_len, s.spec, _joined(s.hidden))
                     tree = d.propose(ctx)
-                s.hidden = ()  # the drafter has seen these states
+                s.hidden = []  # the drafter has seen these states
                 s.res.draft_s += time.perf_counter() - td
                 assert tree.size <= s.spec.max_nodes, "drafter returned too many nodes"
             trees.append(tree)
@@ -388,7 +390,8 @@ class BatchEngine:
         accepted: list[int] = []
         for s, tr, o in zip(slots, trees, outcomes, strict=True):
             want = s.req.drafter.hidden_layers if s.req.drafter else ()
-            s.hidden = join_hidden(s.hidden, tuple(o.hidden[taps.index(i)] for i in want))
+            if want:
+                s.hidden.append(tuple(o.hidden[taps.index(i)] for i in want))
             s.res.steps += 1
             s.res.accept_lengths.append(len(o.path))
             s.res.draft_nodes.append(tr.size)
@@ -407,6 +410,13 @@ class BatchEngine:
             _, _, predicted, measured = self.selector.log[-1]
             stats = replace(stats, predicted_verify_s=predicted, verify_s=measured)
         return finished, stats
+
+
+def _joined(chunks: Sequence[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+    """Per tapped layer, the rows of every chunk in order (one copy; none for one chunk)."""
+    if len(chunks) <= 1:
+        return chunks[0] if chunks else ()
+    return tuple(torch.cat(layer, dim=0) for layer in zip(*chunks, strict=True))
 
 
 @dataclass

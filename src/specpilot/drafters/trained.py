@@ -118,8 +118,14 @@ def read_drafter_dir(path: str | Path) -> tuple[FeatureNetConfig, dict[str, torc
 
 
 def build_net(cfg: FeatureNetConfig, state: dict[str, torch.Tensor], source: str) -> FeatureNet:
-    """A FeatureNet with ``state`` loaded (fp32); DrafterError if the weights do not fit."""
-    net = FeatureNet(cfg)
+    """A FeatureNet with ``state`` loaded (fp32); DrafterError if the weights do not fit.
+
+    The module is built on the meta device (no random init the load would overwrite: it was
+    most of a per-request build) and takes ``state``'s tensors as its parameters (``assign``);
+    they are copied only where the dtype differs, so ``state`` must not be reused for another
+    net that is trained."""
+    with torch.device("meta"):
+        net = FeatureNet(cfg)
     want = net.state_dict()
     missing = sorted(set(want) - set(state))
     extra = sorted(set(state) - set(want))
@@ -129,7 +135,7 @@ def build_net(cfg: FeatureNetConfig, state: dict[str, torch.Tensor], source: str
             f"{source}: weights do not match config.json (missing {missing[:3]}, unexpected "
             f"{extra[:3]}, wrong shape {bad[:3]}); the directory is corrupt - retrain it"
         )
-    net.load_state_dict({k: v.to(want[k].dtype) for k, v in state.items()})
+    net.load_state_dict({k: v.to(want[k].dtype) for k, v in state.items()}, assign=True)
     ids = net.vocab_ids
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
         raise DrafterError(f"{source}: draft vocabulary ids out of range; retrain the drafter")
