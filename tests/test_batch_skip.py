@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from specpilot.batch import BatchConfig, BatchEngine, BatchRequest, _joined
+from specpilot.batch import BatchConfig, BatchEngine, BatchRequest
 from specpilot.drafters.base import DraftContext
 from specpilot.drafters.feature_net import FeatureNet
 from specpilot.drafters.head import HeadDrafter
@@ -19,7 +19,7 @@ from specpilot.drafters.trained import (
     read_drafter_dir,
     save_drafter,
 )
-from specpilot.engine import Engine, EngineConfig, GenerationConfig
+from specpilot.engine import Engine, EngineConfig, GenerationConfig, join_chunks
 from specpilot.goodput import CostCurve, Selector
 from specpilot.tree import DraftTree, TreeSpec
 
@@ -91,9 +91,9 @@ def test_skipped_steps_hand_every_state_over_once_and_stay_lossless() -> None:
 def test_joined_concatenates_chunks_per_layer() -> None:
     a = (torch.zeros(2, 3), torch.ones(2, 3))
     b = (torch.full((1, 3), 2.0), torch.full((1, 3), 3.0))
-    assert _joined([]) == ()
-    assert _joined([a])[0] is a[0]
-    j = _joined([a, b])
+    assert join_chunks([]) == ()
+    assert join_chunks([a])[0] is a[0]
+    j = join_chunks([a, b])
     assert [t.shape[0] for t in j] == [3, 3]
     assert j[0][2, 0] == 2.0 and j[1][0, 0] == 1.0
 

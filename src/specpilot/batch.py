@@ -33,6 +33,7 @@ from specpilot.engine import (
     GenerationResult,
     Stopper,
     TokenCallback,
+    join_chunks,
 )
 from specpilot.errors import ConfigError, ContextLengthError
 from specpilot.goodput import Selector
@@ -323,7 +324,7 @@ class BatchEngine:
             if d is not None:
                 td = time.perf_counter()
                 with kernel_range("drafter"):
-                    ctx = DraftContext(s.committed, s.res.prompt_len, s.spec, _joined(s.hidden))
+                    ctx = DraftContext(s.committed, s.res.prompt_len, s.spec, join_chunks(s.hidden))
                     tree = d.propose(ctx)
                 s.hidden = []  # the drafter has seen these states
                 s.res.draft_s += time.perf_counter() - td
@@ -410,13 +411,6 @@ class BatchEngine:
             _, _, predicted, measured = self.selector.log[-1]
             stats = replace(stats, predicted_verify_s=predicted, verify_s=measured)
         return finished, stats
-
-
-def _joined(chunks: Sequence[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
-    """Per tapped layer, the rows of every chunk in order (one copy; none for one chunk)."""
-    if len(chunks) <= 1:
-        return chunks[0] if chunks else ()
-    return tuple(torch.cat(layer, dim=0) for layer in zip(*chunks, strict=True))
 
 
 @dataclass

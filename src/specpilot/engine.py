@@ -299,7 +299,9 @@ class Engine:
             first = sampler.first(out.logits[0, -1])
         if gen.record_margins:
             res.margins.append(_margin(out.logits[0, -1]))
-        hidden = tuple(h[0] for h in out.hidden)
+        # target states the drafter has not seen yet, one chunk per forward (joined at its next
+        # draft: a step that skips drafting only appends, it does not copy the backlog)
+        pending = [tuple(h[0] for h in out.hidden)] if out.hidden else []
         res.prefill_s = time.perf_counter() - t0
         committed = [*prompt, first]
         if drafter is not None:
@@ -309,13 +311,21 @@ class Engine:
         t1 = time.perf_counter()
         while not done:
             cache_len = len(committed) - 1  # the root committed[-1] is not cached yet
-            tree, hidden = _draft(drafter, sel, DraftContext(committed, p, spec, hidden), res)
+            tree, drafted = _draft(
+                drafter,
+                sel,
+                lambda h=pending: DraftContext(committed, p, spec, join_chunks(h)),
+                res,
+            )
+            if drafted:
+                pending = []
             assert tree.size <= n_nodes, f"drafter returned {tree.size} > {n_nodes} nodes"
             tv = time.perf_counter()
             step = self.step(committed[-1], cache_len, tree, taps, sampler)
             if sel is not None:
                 sel.observe([tree], [step.path], time.perf_counter() - tv)
-            hidden = join_hidden(hidden, step.hidden)
+            if step.hidden:
+                pending.append(step.hidden)
             res.steps += 1
             res.accept_lengths.append(len(step.path))
             res.draft_nodes.append(tree.size)
@@ -345,23 +355,27 @@ class Engine:
 
 
 def _draft(
-    drafter: Drafter | None, sel: Selector | None, ctx: DraftContext, res: GenerationResult
-) -> tuple[DraftTree, tuple[Tensor, ...]]:
+    drafter: Drafter | None,
+    sel: Selector | None,
+    context: Callable[[], DraftContext],
+    res: GenerationResult,
+) -> tuple[DraftTree, bool]:
     """This step's tree (empty without a drafter, or when the goodput budget skips drafting)
-    and the hidden states the drafter has not seen yet (none once it proposed)."""
+    and whether the drafter proposed (then it has seen the pending hidden states). ``context``
+    builds the drafter's input only when it runs."""
     if drafter is None or not (sel is None or sel.should_draft()):
         if sel is not None:
             sel.note_skip()
-        return _EMPTY, ctx.hidden
+        return _EMPTY, False
     td = time.perf_counter()
     with kernel_range("drafter"):
-        tree = drafter.propose(ctx)
+        tree = drafter.propose(context())
     dt = time.perf_counter() - td
     res.draft_s += dt
     if sel is not None:
         sel.note_draft(dt)
         tree = sel.select([tree])[0]
-    return tree, ()
+    return tree, True
 
 
 _EMPTY = DraftTree.empty()
@@ -392,12 +406,12 @@ def frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
-def join_hidden(old: tuple[Tensor, ...], new: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-    """Hidden states the drafter has not seen yet: ``old`` rows (steps it skipped) then ``new``
-    (per tapped layer, rows concatenated)."""
-    if not old:
-        return new
-    return tuple(torch.cat([a, b], dim=0) for a, b in zip(old, new, strict=True))
+def join_chunks(chunks: Sequence[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+    """Hidden states the drafter has not seen yet, from one chunk per forward: per tapped layer,
+    the rows of every chunk in order (one copy; none for a single chunk)."""
+    if len(chunks) <= 1:
+        return chunks[0] if chunks else ()
+    return tuple(torch.cat(layer, dim=0) for layer in zip(*chunks, strict=True))
 
 
 def _margin(row: Tensor) -> float:
