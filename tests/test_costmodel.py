@@ -424,7 +424,10 @@ def test_sleep_outside_the_ranges_raises_the_overhead_factor(
     assert 0.8 * added - 2 * noise_wall < grew < 1.5 * added + 2.0 + 2 * noise_wall
     assert abs(slow.kernel_step_ms - base.kernel_step_ms) < 0.2 * added + 2 * noise_kernel
     assert slow.overhead_factor == pytest.approx(slow.wall_step_ms / slow.kernel_step_ms)
-    assert slow.overhead_factor > base.overhead_factor + 0.5 * added / base.kernel_step_ms
+    # the kernel time may move within the bound above (caches and clocks go cold across a sleep):
+    # the factor's rise is measured against the larger of the two kernel times
+    kernel = max(base.kernel_step_ms, slow.kernel_step_ms)
+    assert slow.overhead_factor > base.overhead_factor + 0.5 * added / kernel
 
 
 class _Ev:

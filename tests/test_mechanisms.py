@@ -347,3 +347,17 @@ def test_linear_backend_does_not_apply_to_native_weights_with_a_training_free_dr
     assert "native kernels" in (reason or "")
     assert get("linear_backend").applicable(native, Plan(drafter="head")) is None
     assert get("linear_backend").applicable(CPU, Plan(drafter="suffix")) is None
+
+
+def test_compile_forward_does_not_apply_to_native_weights() -> None:
+    """The native step is custom ops Inductor cannot fuse; a plan asking for it on a native
+    model fails to build with the reason (the loop measured 0.81x and a trace failure)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from specpilot.mechanisms.compile_forward import CompileOptions, compile_model
+
+    reason = get("compile_forward").applicable(replace(CPU, weights="native"), Plan())
+    assert reason is not None and "native GGUF kernels" in reason
+    with pytest.raises(ConfigError, match=r"native GGUF kernels.*--weights fp32"):
+        compile_model(SimpleNamespace(native=True, compiled=None), CompileOptions())

@@ -104,6 +104,12 @@ def test_kill_then_resume_loses_no_trial(
     rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
     assert len(rounds) == 1 and [k["mechanism"] for k in rounds[0]["kept"]] == ["slow_kernel"]
     assert rounds[0]["directions"] == ["kernel"] and rounds[0]["factors"]["kernel"] > 1
+    # the loop's profile replayed the context's other drafter beside the plan's (suffix)
+    profiles = [json.loads(x) for x in journal.read_text().splitlines() if '"profile"' in x]
+    rep = next(r["report"] for r in profiles if r.get("type") == "profile" and r.get("report"))
+    assert [(d["drafter"], d["alternative"]) for d in rep["tau_drafters"]][1:] == [
+        ("lookup", True)
+    ] and rep["tau_drafter"] in ("suffix", "lookup")
     plan = load_plan(out)
     assert plan.options["slow_kernel"] == {"fast": True}
     html = (out / "report.html").read_text()

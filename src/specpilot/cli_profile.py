@@ -51,6 +51,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--recalibrate", action="store_true", help="re-measure this machine's peaks (CPU)"
     )
+    g.add_argument(
+        "--compare-drafters",
+        action="store_true",
+        help="replay the other drafters this model offers too (lookup, suffix, a shipped head): "
+        "the tau factor then compares against the best drafter's oracle",
+    )
     p.add_argument("--json", default=None, help="write the report to this JSON file")
     p.add_argument("--html", default=None, help="write a self-contained HTML page with plots")
 
@@ -70,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specpilot.costmodel import LossyPlanError, ProfileConfig, detect, profile
     from specpilot.costmodel.html import to_html
+    from specpilot.runtime import alternative_drafters
     from specpilot.workloads import load_workload
 
     if args.limit is not None and args.limit < 1:
@@ -114,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
                 eos_ids=tok.eos_ids,
                 hardware=hw,
                 progress=progress,
+                alternatives=alternative_drafters(loaded, cand.drafter)
+                if cand and args.compare_drafters
+                else None,
             )
         except LossyPlanError as e:
             lossy = e
@@ -164,6 +174,39 @@ def render_lossy(console: Any, e: Any) -> None:
     console.print(t)
 
 
+def _budgets_table(r: Any) -> Any:
+    """tau_opt / tau_bf and the step cost per node budget N; the plan's N* marked."""
+    from rich.table import Table
+
+    b = Table(title="exact replay: tau vs node budget N (step = verify at width N+1 + propose)")
+    for col in ("N", "tau_opt", "tau_bf", "verify ms", "draft ms", "oracle tok/s"):
+        b.add_column(col, justify="right")
+    for p in r.budgets:
+        mark = " *" if p.n == r.n_star else ""
+        b.add_row(
+            f"{p.n}{mark}",
+            f"{p.tau_opt:.3f}",
+            f"{p.tau_bf:.3f}",
+            f"{p.verify_ms:.2f}",
+            f"{p.draft_ms:.3f}",
+            f"{p.throughput:.1f}",
+        )
+    return b
+
+
+def _drafters_table(r: Any) -> Any:
+    """The replayed drafters' N* points; the one the tau factor compares against marked."""
+    from rich.table import Table
+
+    d = Table(title="drafters under exact replay (the tau factor compares the best)")
+    for col in ("drafter", "N*", "tau_opt(N*)", "oracle tok/s"):
+        d.add_column(col, justify="left" if col == "drafter" else "right")
+    for p in r.tau_drafters:
+        mark = " *" if p.drafter == r.tau_drafter else ""
+        d.add_row(f"{p.drafter}{mark}", str(p.n), f"{p.tau_opt:.3f}", f"{p.throughput:.1f}")
+    return d
+
+
 def render(console: Any, r: Any, plan: str, max_new_tokens: int) -> None:
     """Factor, kernel-class and budget tables."""
     from rich.table import Table
@@ -174,10 +217,13 @@ def render(console: Any, r: Any, plan: str, max_new_tokens: int) -> None:
     )
     for col in ("factor", "value", "what"):
         t.add_column(col, justify="right" if col == "value" else "left")
+    best = next((p for p in r.tau_drafters if p.drafter == r.tau_drafter), None)
+    of = f" of {best.drafter}" if best is not None and best.alternative else ""
+    n_star = best.n if best is not None else r.n_star
     t.add_row(
         "tau",
         f"{r.tau_factor:.3f}",
-        f"tau_opt(N*={r.n_star}) / tau_actual {r.tau_actual:.3f} (raw {r.tau_factor_raw:.3f})",
+        f"tau_opt{of}(N*={n_star}) / tau_actual {r.tau_actual:.3f} (raw {r.tau_factor_raw:.3f})",
     )
     t.add_row(
         "kernel",
@@ -210,20 +256,9 @@ def render(console: Any, r: Any, plan: str, max_new_tokens: int) -> None:
     for note in r.hardware.notes:
         console.print(f"[yellow]warning: {note}[/yellow]", soft_wrap=True)
 
-    b = Table(title="exact replay: tau vs node budget N (step = verify at width N+1 + propose)")
-    for col in ("N", "tau_opt", "tau_bf", "verify ms", "draft ms", "oracle tok/s"):
-        b.add_column(col, justify="right")
-    for p in r.budgets:
-        mark = " *" if p.n == r.n_star else ""
-        b.add_row(
-            f"{p.n}{mark}",
-            f"{p.tau_opt:.3f}",
-            f"{p.tau_bf:.3f}",
-            f"{p.verify_ms:.2f}",
-            f"{p.draft_ms:.3f}",
-            f"{p.throughput:.1f}",
-        )
-    console.print(b)
+    console.print(_budgets_table(r))
+    if len(r.tau_drafters) > 1:
+        console.print(_drafters_table(r))
     changes = sorted({s.direction for s in r.sensitivity})
     console.print(
         f"tau_actual {r.tau_actual:.3f}; replay of the plan's own trees {r.tau_replay_plan:.3f}; "

@@ -280,6 +280,24 @@ def check_plan_drafter(name: str) -> None:
         )
 
 
+def alternative_drafters(loaded: Any, drafter: str) -> dict[str, Callable[[], Drafter | None]]:
+    """Factories of the drafters a context of ``loaded`` offers (:func:`context_of`: the
+    training-free ones and the trained drafters shipped for it) other than ``drafter``, with
+    their default options: what the cost model replays to compare a plan's drafter with
+    (``profile(alternatives=...)``). One that fails to build here is left out."""
+    out: dict[str, Callable[[], Drafter | None]] = {}
+    for name in dict.fromkeys((*TRAINING_FREE, *shipped_for(loaded))):
+        if name == drafter:
+            continue
+        make = functools.partial(base_drafter, name, {}, loaded)
+        try:
+            make()
+        except (ConfigError, DrafterError):
+            continue
+        out[name] = make
+    return out
+
+
 def base_drafter(
     name: str, options: Mapping[str, Any], loaded: Any, draft: Any = None
 ) -> Drafter | None:

@@ -8,7 +8,8 @@ Protocol (all on the same prompts, the same engine):
      is the profiled run's extra wall time per step over the plain run's, divided by the events
      it recorded (:func:`.measure.profiler_cost_per_event`);
   2. exact replay of a fourth drafter along the references (tau_bf(N), tau_opt(N)), timing its
-     ``propose`` at budget N on a sample of positions;
+     ``propose`` at budget N on a sample of positions; the same for every alternative drafter
+     (best-first and the plan's trees only), so the tau factor sees a better drafter too;
   3. the verify step at width N + 1 for every N of the grid, at the mean context length;
   4. roofline floors from the model config and the measured step shape; the factors, pure
      functions of these measurements (:mod:`.factors`); sensitivity.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -50,6 +51,7 @@ from specpilot.costmodel.replay import (
 from specpilot.costmodel.report import (
     BudgetPoint,
     CostReport,
+    DrafterPoint,
     kernel_rows,
     row_times,
     sensitivity,
@@ -129,10 +131,17 @@ def profile(
     eos_ids: tuple[int, ...] = (),
     hardware: Hardware | None = None,
     progress: ProgressFn | None = None,
+    alternatives: Mapping[str, Callable[[], Drafter | None]] | None = None,
 ) -> CostReport:
     """Split the gap to ideal of ``make_drafter()`` with ``spec`` into tau, kernel and overhead
     factors on ``prompts`` (id, token ids). ``make_drafter`` is called once per run (fresh
     state); returning None profiles plain AR decoding. ``hardware`` skips detection.
+
+    ``alternatives``: other drafters that can be built here (name -> factory). Each is replayed
+    along the same references with the plan's tree spec (best-first and the plan's own trees,
+    its proposes timed); the tau factor then compares the plan against whichever drafter's
+    oracle reaches the highest throughput (``CostReport.tau_drafter``), so a better drafter
+    shows up as a tau gap. Ignored for plain decoding.
 
     Raises :class:`~specpilot.costmodel.runs.LossyPlanError` (with the forcing report) when the
     plan's output differs from plain decoding: a lossy plan is not timed."""
@@ -160,11 +169,29 @@ def profile(
                 engine, prompts, runs.refs, make_drafter, spec, cfg, grid, progress
             )
         curves = tau_curves(replays, grid)
+    alts: dict[str, tuple[TauCurves, dict[int, list[float]]]] = {}
+    if probe is not None and alternatives:
+        with phases("replay_drafters"):
+            for name, factory in alternatives.items():
+                rep, ds = _replay(engine, prompts, runs.refs, factory, spec, cfg, grid, progress,
+                                  narrow=True)  # fmt: skip
+                alts[name] = (tau_curves(rep, grid), ds)
     with phases("step_cost"):
         ctx = round(statistics.mean(k for r in runs.plain for k in _cache_lens(r)))
-        budgets = _step_costs(engine, grid, curves, draft_s, ctx, cfg, progress)
-    report = _report(engine, prompts, runs, budgets, curves, hw, cfg, probe, spec)
+        verify_ms = _verify_costs(engine, grid, ctx, cfg, progress)
+        budgets = _budget_points(grid, curves, draft_s, verify_ms)
+    points = [_drafter_point(probe.name if probe is not None else "none", budgets, False)]
+    for name, (c, ds) in alts.items():
+        points.append(_drafter_point(name, _budget_points(grid, c, ds, verify_ms), True))
+    report = _report(engine, prompts, runs, budgets, curves, hw, cfg, probe, spec,
+                     points if probe is not None else [])  # fmt: skip
     return replace(report, profile_s=time.perf_counter() - t_start, phases_s=phases.seconds)
+
+
+def _drafter_point(name: str, budgets: Sequence[BudgetPoint], alternative: bool) -> DrafterPoint:
+    """``name``'s throughput-optimal budget (ties: the smaller N)."""
+    star = max(budgets, key=lambda b: (b.throughput, -b.n))
+    return DrafterPoint(name, star.n, star.tau_opt, star.throughput, alternative)
 
 
 class _Phases:
@@ -216,35 +243,34 @@ def _warm_up(
     )
 
 
-def _step_costs(
-    engine: Engine,
-    grid: tuple[int, ...],
-    curves: TauCurves,
-    draft_s: dict[int, list[float]],
-    ctx: int,
-    cfg: ProfileConfig,
+def _verify_costs(
+    engine: Engine, grid: tuple[int, ...], ctx: int, cfg: ProfileConfig,
     progress: ProgressFn | None,
-) -> list[BudgetPoint]:
-    """Step 3: the verify step at width N + 1 for every N of the grid, at ``ctx`` cached keys,
-    plus the drafter's mean propose time at N."""
+) -> list[float]:  # fmt: skip
+    """Step 3: ms of the verify step at width N + 1 for every N of the grid, at ``ctx`` cached
+    keys (median of ``cfg.verify_repeats``)."""
     for n in (grid[-1], grid[0]):  # warm-up: the widest call first, then the narrowest
         time_verify(engine, n, ctx, 1)
-    budgets = []
+    out = []
     for i, n in enumerate(grid):
-        verify = time_verify(engine, n, ctx, cfg.verify_repeats)
-        ds = draft_s.get(n, [])
-        budgets.append(
-            BudgetPoint(
-                n,
-                curves.tau_opt[i],
-                curves.tau_bf[i],
-                1e3 * verify,
-                1e3 * statistics.mean(ds) if ds else 0.0,
-            )
-        )
+        out.append(1e3 * time_verify(engine, n, ctx, cfg.verify_repeats))
         if progress is not None:
             progress("step cost", i + 1, len(grid))
-    return budgets
+    return out
+
+
+def _budget_points(
+    grid: tuple[int, ...], curves: TauCurves, draft_s: dict[int, list[float]],
+    verify_ms: Sequence[float],
+) -> list[BudgetPoint]:  # fmt: skip
+    """One drafter's points: its replayed curves, the shared verify cost, its mean propose time
+    at each N."""
+    out = []
+    for i, n in enumerate(grid):
+        ds = draft_s.get(n, [])
+        mean_ms = 1e3 * statistics.mean(ds) if ds else 0.0
+        out.append(BudgetPoint(n, curves.tau_opt[i], curves.tau_bf[i], verify_ms[i], mean_ms))
+    return out
 
 
 def _report(
@@ -257,8 +283,11 @@ def _report(
     cfg: ProfileConfig,
     probe: Drafter | None,
     spec: TreeSpec,
+    points: Sequence[DrafterPoint] = (),
 ) -> CostReport:
-    """Step 4: floors, the three factors (:mod:`.factors`), sensitivity; the report."""
+    """Step 4: floors, the three factors (:mod:`.factors`), sensitivity; the report.
+    ``points``: every replayed drafter's N* point (the plan's first); the tau factor takes the
+    oracle of the one with the highest throughput."""
     actual, profs, times = runs.plain, runs.profiled, runs.times
     steps = sum(r.steps for r in actual)
     prof_steps = sum(r.steps for r in profs)
@@ -266,10 +295,11 @@ def _report(
         raise ConfigError("no decode steps: every output ended at its first token")
     wall_step_s = sum(r.prefill_s + r.decode_s for r in actual) / steps
     prof_step_s = sum(r.prefill_s + r.decode_s for r in profs) / prof_steps
-    per_event = 0.0
-    if engine.model.device.type == "cpu":
-        per_event = profiler_cost_per_event(wall_step_s, prof_step_s, prof_steps, times.all_events)
-    star = max(budgets, key=lambda b: (b.throughput, -b.n))
+    per_event = (profiler_cost_per_event(wall_step_s, prof_step_s, prof_steps, times.all_events)
+                 if engine.model.device.type == "cpu" else 0.0)  # fmt: skip
+    star = max(budgets, key=lambda b: (b.throughput, -b.n))  # the plan's own N*
+    best = max(points, key=lambda d: d.throughput) if points else None
+    best_tau = best.tau_opt if best is not None else star.tau_opt
     work = _work(engine, prompts, actual, steps, times, prof_steps, probe, runs.draft_forwards)
     corrected = times.corrected(per_event)
     measured = {k: corrected.get(k, 0.0) / prof_steps for k in ALL_CLASSES}
@@ -282,11 +312,9 @@ def _report(
     of = overhead_factor(wall_step_s, 1e-3 * kernel_step_ms)
     decode_tokens = sum(len(r.tokens) - 1 for r in actual)
     tau_actual = decode_tokens / steps
-    tf = tau_factor(tau_actual, star.tau_opt)
-    factors = {"tau": tf, "kernel": kf, "overhead": of}
+    tf = tau_factor(tau_actual, best_tau)
     sens, stable = sensitivity(work, measured, hw, cfg.alpha, cfg.beta, tf, of, cfg.sensitivity)
     plan_nodes = spec.max_nodes if probe is not None else 0
-    raw_ms = 1e3 * sum(times.seconds.get(k, 0.0) for k in ALL_CLASSES) / prof_steps
     return CostReport(
         drafter=probe.name if probe is not None else "none",
         plan=asdict(spec) if probe is not None else {},
@@ -294,11 +322,11 @@ def _report(
         decode_tokens=decode_tokens,
         steps=steps,
         tau_factor=tf,
-        tau_factor_raw=tau_ratio(tau_actual, star.tau_opt),
+        tau_factor_raw=tau_ratio(tau_actual, best_tau),
         kernel_factor=kf,
         overhead_factor=of,
         gap=tf * kf * of,
-        direction=direction(factors),
+        direction=direction({"tau": tf, "kernel": kf, "overhead": of}),
         n_star=star.n,
         tau_actual=tau_actual,
         tau_actual_engine=sum(sum(r.accept_lengths) + r.steps for r in actual) / steps,
@@ -315,16 +343,25 @@ def _report(
         direction_stable=stable,
         mismatches=runs.mismatches,
         profile_s=0.0,
-        profiler={
-            "per_event_us": 1e6 * per_event,
-            "events_per_step": times.all_events / prof_steps,
-            "profiled_wall_step_ms": 1e3 * prof_step_s,
-            "raw_kernel_step_ms": raw_ms,
-            "correction_ms_per_step": raw_ms - kernel_step_ms,
-            "profiled_steps": float(prof_steps),
-        },
+        profiler=_profiler_stats(per_event, times, prof_steps, prof_step_s, kernel_step_ms),
         forcing=runs.forcing[0].summary(),
+        tau_drafter=best.drafter if best is not None else "",
+        tau_drafters=tuple(points),
     )
+
+
+def _profiler_stats(per_event: float, times: ClassTimes, prof_steps: int, prof_step_s: float,
+                    kernel_step_ms: float) -> dict[str, float]:  # fmt: skip
+    """The profiler's own cost and the correction it led to (the report's ``profiler``)."""
+    raw_ms = 1e3 * sum(times.seconds.get(k, 0.0) for k in ALL_CLASSES) / prof_steps
+    return {
+        "per_event_us": 1e6 * per_event,
+        "events_per_step": times.all_events / prof_steps,
+        "profiled_wall_step_ms": 1e3 * prof_step_s,
+        "raw_kernel_step_ms": raw_ms,
+        "correction_ms_per_step": raw_ms - kernel_step_ms,
+        "profiled_steps": float(prof_steps),
+    }
 
 
 def _replay(
@@ -336,11 +373,16 @@ def _replay(
     cfg: ProfileConfig,
     grid: tuple[int, ...],
     progress: ProgressFn | None,
+    narrow: bool = False,
 ) -> tuple[list[PromptReplay], dict[int, list[float]]]:
-    """Step 2: exact replay of a fresh drafter; propose times per budget on sampled positions."""
+    """Step 2: exact replay of a fresh drafter; propose times per budget on sampled positions.
+    ``narrow``: only the best-first and the plan's own trees join the candidate set (an
+    alternative drafter: no wide tree, no long chain)."""
     drafter = make_drafter()
     assert drafter is not None
     specs = ReplaySpecs.for_plan(spec, cfg.max_budget, cfg.replay_depth, cfg.wide_topk)
+    if narrow:
+        specs = specs.narrowed()
     bf = specs.best_first
     timed = {n: TreeSpec(kind="dynamic", budget=n, topk=bf.topk, depth=bf.depth) for n in grid if n}
     positions = sum(max(0, len(r.tokens) - 1) for r in refs)
@@ -361,7 +403,7 @@ def _replay(
 
         replays.append(replay_prompt(drafter, ids, ref.tokens, specs, grid, timer, hidden))
         if progress is not None:
-            progress("replay", i + 1, len(prompts))
+            progress(f"replay {drafter.name}" if narrow else "replay", i + 1, len(prompts))
     return replays, draft_s
 
 

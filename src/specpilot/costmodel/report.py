@@ -6,7 +6,9 @@ The factors themselves are pure functions in :mod:`.factors` (definitions and wo
 there):
 
 * tau factor      = tau_opt(N*) / tau_actual, at least 1 (``tau_factor_raw`` keeps the ratio),
-  where N* maximizes tau_opt(N) / step cost(N) (see :mod:`.replay`);
+  where N* maximizes tau_opt(N) / step cost(N) (see :mod:`.replay`); with alternative drafters
+  replayed too, tau_opt(N*) of whichever drafter's oracle reaches the highest throughput
+  (``tau_drafter``), so a better drafter shows up as a tau gap;
 * kernel factor   = sum over kernel classes of measured time / sum of roofline floors
   (see :mod:`.roofline`, :mod:`.measure`);
 * overhead factor = wall-clock time per decode step / kernel time per step.
@@ -29,6 +31,7 @@ __all__ = [
     "FACTOR_NAMES",
     "BudgetPoint",
     "CostReport",
+    "DrafterPoint",
     "KernelRow",
     "SensitivityPoint",
     "direction",
@@ -70,6 +73,21 @@ class BudgetPoint:
     def throughput(self) -> float:
         """tau_opt(N) / step cost: tokens per second the oracle tree would reach."""
         return 1e3 * self.tau_opt / self.step_ms if self.step_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class DrafterPoint:
+    """One drafter's throughput-optimal budget under exact replay (the plan's drafter, or another
+    drafter that can be built here, replayed along the same references)."""
+
+    drafter: str
+    n: int
+    """Its N*: the budget of highest oracle throughput (tau_opt(N) / step cost(N))."""
+    tau_opt: float
+    throughput: float
+    """tok/s the oracle tree of this drafter would reach at ``n`` (verify + its own propose)."""
+    alternative: bool = False
+    """Another drafter than the plan's (``drafter`` is then a plan drafter name)."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +149,12 @@ class CostReport:
     and corrected kernel time per step (ms)."""
     forcing: str = ""
     """Token forcing of the plan's runs against plain decoding: the one-line summary."""
+    tau_drafter: str = ""
+    """The drafter whose oracle the tau factor compares against: the plan's own, or another
+    drafter of ``tau_drafters`` whose oracle tree reaches a higher throughput."""
+    tau_drafters: tuple[DrafterPoint, ...] = ()
+    """Every replayed drafter's N* point, the plan's drafter first (just it, without
+    alternatives; empty for plain decoding)."""
 
     @property
     def factors(self) -> dict[str, float]:
@@ -183,6 +207,8 @@ class CostReport:
             },
             "mismatches": self.mismatches,
             "forcing": self.forcing,
+            "tau_drafter": self.tau_drafter,
+            "tau_drafters": [asdict(d) for d in self.tau_drafters],
             "profile_s": self.profile_s,
             "phases_s": self.phases_s,
             "profiler": self.profiler,

@@ -9,7 +9,9 @@ parent (see :mod:`.proc` for framing):
               ``plan`` (inside this process), building it and decoding ``warmup`` once
   generate {ids}            -> {op: "tokens", tokens, steps, accept}
   reset    {}               -> {op: "ok"}  (a fresh drafter)
-  profile  {prompts, config} -> {op: "report", report}  (the cost model on the built plan)
+  profile  {prompts, config, compare_drafters} -> {op: "report", report}  (the cost model on
+              the built plan; with ``compare_drafters`` the context's other drafters are
+              replayed too)
   describe {module, ctx, plan} -> {op: "described", mechanisms}  (id, factor, description,
               space, applicable of an agent-written module's ``MECHANISMS``; no setup needed)
   exit     {}               -> the process exits
@@ -68,6 +70,7 @@ class _Server:
         self.decoder: Any = None
         self.gen: Any = None
         self.loaded: Any = None
+        self.plan: Any = None
 
     def setup(self, msg: dict[str, Any]) -> dict[str, Any]:
         from specpilot.engine import GenerationConfig
@@ -90,6 +93,7 @@ class _Server:
             max_new_tokens=int(msg["max_new_tokens"]), stop_on_eos=bool(msg["stop_on_eos"])
         )
         self.decoder = build_decoder(plan, loaded, mechs, tuple(loaded.tokenizer.eos_ids))
+        self.plan = plan
         warm = msg.get("warmup")
         if warm:
             self.decoder.decode(
@@ -140,8 +144,17 @@ class _Server:
         prompts = [(str(p[0]), [int(t) for t in p[1]]) for p in msg["prompts"]]
         cfg = ProfileConfig(**msg.get("config", {}))
         eos = tuple(self.loaded.tokenizer.eos_ids)
-        report = profile(d.engine, prompts, d.make_drafter, d.spec, cfg, eos_ids=eos)
+        alts = self.alternatives() if msg.get("compare_drafters") else {}
+        report = profile(
+            d.engine, prompts, d.make_drafter, d.spec, cfg, eos_ids=eos, alternatives=alts
+        )
         return {"op": "report", "report": report.to_json()}
+
+    def alternatives(self) -> dict[str, Any]:
+        """Factories of the other drafters this context can build without a draft model."""
+        from specpilot.runtime import alternative_drafters
+
+        return alternative_drafters(self.loaded, self.plan.drafter)
 
 
 def _sandbox(arg: str) -> Exception | None:

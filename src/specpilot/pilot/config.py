@@ -16,6 +16,7 @@ from specpilot.pilot.trial import TrialLimits
 PROFILE_KEYS = (
     "tau_factor", "kernel_factor", "overhead_factor", "gap", "direction", "n_star",
     "tau_actual", "tau_opt", "kernels", "wall_step_ms", "kernel_step_ms", "mismatches",
+    "tau_drafter", "tau_drafters",
 )  # fmt: skip
 
 

@@ -95,6 +95,23 @@ class ExplorerSetup:
 ExplorerFactory = Callable[[ExplorerSetup], "Explorer | None"]
 
 
+def drafter_hint(report: Mapping[str, Any] | None, ctx: Context, plan: Plan,
+                 mechs: Sequence[Mechanism]) -> list[Candidate]:  # fmt: skip
+    """``drafter_choice`` of the drafter the profile's tau factor compared the plan against, when
+    that is another drafter this context builds (``tau_drafter`` of an alternative point, see
+    :func:`specpilot.costmodel.profile`) and ``drafter_choice`` is among ``mechs``: tried before
+    the sampler's guesses (source "profile")."""
+    if not report or not any(m.id == "drafter_choice" for m in mechs):
+        return []
+    name = report.get("tau_drafter")
+    points = report.get("tau_drafters") or []
+    alt = any(isinstance(d, Mapping) and d.get("drafter") == name and d.get("alternative")
+              for d in points)  # fmt: skip
+    if not alt or name == plan.drafter or name not in ctx.drafters:
+        return []
+    return [Candidate("drafter_choice", {"drafter": name}, "profile")]
+
+
 class BuiltinExplorer:
     """Memory priors, then Optuna, over the mechanisms of each direction in order; a direction
     with nothing (left) to try falls through to the next."""
@@ -117,8 +134,11 @@ class BuiltinExplorer:
             mechs = [m for m in self.mechs.values()
                      if m.factor == f and m.applicable(ctx, p) is None]  # fmt: skip
             share = max(1, want // 2) if len(chosen) + 1 < ask.n_directions else want
-            got = (propose_useful(self.search, mechs, ctx, p, self.memory, share, ask.tried,
-                                  self.apply) if mechs else [])  # fmt: skip
+            got = [c for c in drafter_hint(ask.report, ctx, p, mechs) if c.key not in ask.tried]
+            ask.tried.update(c.key for c in got)
+            if mechs and share > len(got):
+                got += propose_useful(self.search, mechs, ctx, p, self.memory, share - len(got),
+                                      ask.tried, self.apply)  # fmt: skip
             if not got:
                 continue
             chosen.append(f)

@@ -432,6 +432,8 @@ class ProfileJob:
     work_dir: str = ""
     warmup: tuple[int, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    compare_drafters: bool = True
+    """Replay the context's other drafters too: the tau factor then sees a better drafter."""
 
 
 def run_profile(
@@ -457,6 +459,7 @@ def run_profile(
             "op": "profile",
             "prompts": [[pid, list(ids)] for pid, ids in job.prompts],
             "config": dict(job.config),
+            "compare_drafters": job.compare_drafters,
         }
         with slot.exclusive():
             ans, _ = child.call(msg, job.limits.trial_timeout_s, used)
