@@ -124,3 +124,29 @@ def test_meta_built_drafter_has_the_saved_weights_and_drafts_the_same(tmp_path: 
     assert trees[0].tokens.tolist() == trees[1].tokens.tolist()
     assert trees[0].parents.tolist() == trees[1].parents.tolist()
     assert torch.equal(trees[0].scores, trees[1].scores)
+
+
+def test_drafters_of_one_directory_share_the_net_and_keep_their_own_cache(tmp_path: Path) -> None:
+    """A drafter per request reuses the loaded net (read, attached and packed once); each keeps
+    its own per-sequence cache, so two interleaved sequences draft what each drafts alone; a
+    rewritten directory is read again."""
+    target = tiny_model("llama", seed=3, std=0.12)
+    out = save_drafter(make_net("head", target), tmp_path / "d", {}, dtype=torch.float32)
+    a = load_trained_drafter(out, target, fingerprint="f" * 64)
+    b = load_trained_drafter(out, target, fingerprint="f" * 64)
+    assert a.net is b.net and a._k is not b._k
+    spec = TreeSpec(kind="dynamic", budget=8, topk=2, depth=3)
+
+    def draft(d: HeadDrafter, prompt: list[int]) -> list[int]:
+        states = Engine(target, EngineConfig()).hidden_states(prompt, TAPS)
+        d.begin(prompt[:-1])
+        ctx = DraftContext(prompt, len(prompt) - 1, spec, tuple(h[:-1] for h in states))
+        return d.propose(ctx).tokens.tolist()
+
+    p, q = PROMPTS[0], PROMPTS[1]
+    both = (draft(a, p), draft(b, q), draft(a, p))  # interleaved on the shared net
+    alone = [draft(load_trained_drafter(out, target, fingerprint="f" * 64), x) for x in (p, q)]
+    assert both == (alone[0], alone[1], alone[0]) and both[0]
+    save_drafter(make_net("head", target, seed=9), out, {}, dtype=torch.float32)  # retrained
+    c = load_trained_drafter(out, target, fingerprint="f" * 64)
+    assert c.net is not a.net

@@ -21,7 +21,15 @@ from specpilot.drafters.prompt_lookup import PromptLookupDrafter
 from specpilot.drafters.suffix import SuffixDrafter
 from specpilot.drafters.union import UnionDrafter
 from specpilot.engine import Engine, EngineConfig, GenerationConfig
-from specpilot.goodput import AcceptanceStats, CostCurve, Selector, best_nodes, choose
+from specpilot.errors import ConfigError
+from specpilot.goodput import (
+    AcceptanceStats,
+    CostCurve,
+    Selector,
+    best_nodes,
+    choose,
+    node_gains,
+)
 from specpilot.tree import DraftTree, TreeSpec
 
 from .conftest import tiny_model
@@ -153,6 +161,11 @@ def test_goodput_decoding_is_lossless_and_decays_to_plain() -> None:
     assert res.draft_nodes[0] == 4  # trusted at first
     assert sum(n == 0 for n in res.draft_nodes[-20:]) >= 17  # the last steps decode plainly
     assert wrong.calls < res.steps - 20  # drafting only to probe
+    # the deep nodes' estimates, rarely verified once the budget shrank, keep their prior: they
+    # must not count for more than the depth-1 node they hang under (node_gains caps them)
+    gains = node_gains(wrong.propose(DraftContext([3, 4], 1, TreeSpec(kind="chain", k=4))),
+                       eng.selector.stats)  # fmt: skip
+    assert gains == sorted(gains, reverse=True)
 
 
 def test_batched_goodput_is_lossless() -> None:
@@ -320,3 +333,21 @@ def test_the_loop_runs_a_trial_of_the_goodput_budget(tmp_path: Any) -> None:
     assert engine["goodput"] is True and engine["goodput_hysteresis"] == 0.1
     assert engine["goodput_probe"] == 4 and engine["goodput_rows"] == 16
     assert engine["goodput_smoothing"] == 0.1
+
+
+def test_prepare_sets_up_the_cache_and_the_curve_before_the_first_request() -> None:
+    """A server prepares its batch engine before it reports healthy: the first request then
+    pays neither the cache allocation nor the cost curve; plain serving measures no curve."""
+    model = tiny_model("llama", seed=3, std=0.12)
+    plain = BatchEngine(model, EngineConfig(goodput=True), BatchConfig(max_batch=2, max_len=64))
+    plain.prepare(drafting=False)
+    assert plain.selector is None and model.batch == 2 and model.max_len >= 64
+    beng = BatchEngine(model, EngineConfig(goodput=True), BatchConfig(max_batch=2, max_len=64))
+    beng.prepare()
+    sel = beng.selector
+    assert sel is not None
+    slot = beng.add(BatchRequest([5, 6, 7], GEN, drafter=SuffixDrafter(), spec=TreeSpec(k=2)))
+    assert beng.selector is sel  # admission reused it
+    with pytest.raises(ConfigError, match="before any sequence"):
+        beng.prepare()
+    beng.remove(slot)

@@ -259,6 +259,16 @@ class BatchEngine:
         ):
             m.setup_cache(self.max_len, batch=self.bcfg.max_batch, attention=self.attention)
 
+    def prepare(self, drafting: bool = True) -> None:
+        """Allocate the batched cache and, with the goodput budget and ``drafting``, load or
+        measure its cost curve now, on the empty cache: a server calls this before it reports
+        healthy, so its first request does not pay for either."""
+        if self.slots:
+            raise ConfigError("prepare() runs before any sequence is admitted")
+        self._ensure_cache()
+        if drafting and self.cfg.goodput and self.selector is None:
+            self._measure_curve()
+
     @torch.no_grad()
     def add(self, req: BatchRequest) -> Slot:
         """Prefill ``req`` into a free row and return its slot (which may already be done)."""

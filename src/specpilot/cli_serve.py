@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         bcfg = replace(bcfg, budget=budget or bcfg.budget)
     tok = loaded.tokenizer
     beng = BatchEngine(loaded.model, engine.cfg, bcfg, eos_ids=tok.eos_ids, detok=tok.decode)
+    beng.prepare(drafting=make is not None)  # the cache and the cost curve before /health is up
     sched = Scheduler(beng, make, cand.spec if cand else None, ServerMetrics())
     name = args.served_model_name or args.model
     app = create_app(sched, tok, name, context_len=beng.max_len - 1)

@@ -286,6 +286,9 @@ class FeatureNet(nn.Module):
 
         if self.norm.weight.device.type != "cpu" or self.norm.weight.dtype != torch.float32:
             return False
+        versions = tuple(p._version for p in self.parameters())
+        if getattr(self, "_packed_at", None) == versions:
+            return True  # packed already, weights unchanged (a shared net: one pack)
         half = self.native[1] is not None
         onednn = onednn_available()
         if not (half or onednn):
@@ -305,6 +308,7 @@ class FeatureNet(nn.Module):
         self.half_weights = kinds == {"GGUFLinear"}
         if self.head is not None and onednn:
             self.head_fn = _Bf16Linear(self.head) if _bf16_gemm() else PackedLinear(self.head, None)
+        self._packed_at = versions
         return True
 
     def entries(self, taps: Tensor, next_tokens: Tensor) -> Tensor:

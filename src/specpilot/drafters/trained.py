@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,37 @@ def shared_tables(model: Transformer) -> tuple[Tensor | nn.Module, Tensor | nn.M
     return embed, head if native_head else model.head_weight()
 
 
+_NETS: weakref.WeakKeyDictionary[Transformer, dict[tuple[Any, ...], FeatureNet]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Loaded nets per target model: a drafter per request (the server, batched runs) reuses the
+read, checked, attached and packed net; only its per-sequence cache is new. Keyed by the
+directory and its files' size and mtime, and the target's device, dtype and prepacking."""
+
+
+def _loaded_net(path: str | Path, model: Transformer, fingerprint: str | None) -> FeatureNet:
+    """The net of drafter directory ``path`` for ``model`` (read once per model and files; see
+    :data:`_NETS`). Nets are inference-only: nothing trains a net loaded here."""
+    p = Path(path).expanduser()
+    try:
+        stamp = tuple((f.stat().st_size, f.stat().st_mtime_ns) for f in (p / CONFIG, p / WEIGHTS))
+    except OSError:
+        stamp = None  # read_drafter_dir says what is missing
+    key = (str(p.resolve()), stamp, fingerprint, model.device, model.dtype, model.prepacked)
+    nets = _NETS.setdefault(model, {})
+    if stamp is not None and key in nets:
+        return nets[key]
+    cfg, state = read_drafter_dir(p)
+    src = str(path)
+    check_target(cfg, model, fingerprint, src)
+    net = build_net(cfg, state, src).to(device=model.device, dtype=model.dtype)
+    net.attach(*shared_tables(model))
+    if stamp is not None:
+        nets.clear()  # one net per model: an older key is a replaced file or another layout
+        nets[key] = net
+    return net
+
+
 def load_trained_drafter(
     path: str | Path,
     target: Any,
@@ -194,11 +226,8 @@ def load_trained_drafter(
     if not isinstance(model, Transformer):
         raise DrafterError("a trained drafter needs the target model (a specpilot Transformer)")
     fingerprint = fingerprint or getattr(target, "fingerprint", None)
-    cfg, state = read_drafter_dir(path)
-    src = str(path)
-    check_target(cfg, model, fingerprint, src)
-    net = build_net(cfg, state, src).to(device=model.device, dtype=model.dtype)
-    net.attach(*shared_tables(model))
+    net = _loaded_net(path, model, fingerprint)
+    cfg = net.cfg
     if cfg.kind == "block":
         if min_prob:
             raise DrafterError("min_prob applies to head drafters (a block drafts in one forward)")

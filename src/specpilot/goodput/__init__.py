@@ -126,9 +126,26 @@ class Choice:
 
 
 def node_gains(tree: DraftTree, stats: AcceptanceStats) -> list[float]:
-    """Calibrated expected acceptance per node of ``tree``."""
+    """Calibrated expected acceptance per node of ``tree``, capped by its parent's: a node is
+    accepted only with its whole path, so it cannot be likelier than its parent. (Calibrated
+    per depth, a deep bin that is rarely verified keeps its prior; uncapped, it outranked the
+    depth-1 node it hangs under, and a drafter that was never right kept one node verified per
+    step: the budget counted the deep node's gain for the shallow node's cost.)
+
+    >>> t = DraftTree.chain([7, 8], [math.log(0.9), math.log(0.8)])
+    >>> stats = AcceptanceStats(prior=1.0)
+    >>> for _ in range(9):
+    ...     stats.observe(DraftTree.chain([7], [math.log(0.9)]), [])   # depth 1 never accepted
+    >>> [round(g, 3) for g in node_gains(t, stats)]                    # depth 2 keeps its prior
+    [0.09, 0.09]
+    """
     depths, scores = tree.depths.tolist(), tree.scores.tolist()
-    return [stats.estimate(d, math.exp(min(s, 0.0))) for d, s in zip(depths, scores, strict=True)]
+    parents = tree.parents.tolist()
+    out: list[float] = []
+    for d, s, par in zip(depths, scores, parents, strict=True):
+        g = stats.estimate(d, math.exp(min(s, 0.0)))
+        out.append(min(g, out[par]) if par >= 0 else g)  # parents come before their children
+    return out
 
 
 def best_nodes(tree: DraftTree, gains: Sequence[float], width: int) -> list[int]:
