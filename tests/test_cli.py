@@ -30,7 +30,15 @@ GOOD = [
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "suffix"])
-def test_bench_json_contract(model_dir: Path, tmp_path: Path, drafter: str) -> None:
+def test_bench_json_contract(
+    model_dir: Path, tmp_path: Path, drafter: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    passive = drafter == "suffix"  # one run with passive OpenMP waits: noted and recorded
+    if passive:
+        monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    else:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     out = tmp_path / "bench.json"
     rc = main(
         [
@@ -54,6 +62,8 @@ def test_bench_json_contract(model_dir: Path, tmp_path: Path, drafter: str) -> N
     assert d["lossless"] is True and d["mismatches"] == 0
     assert d["ar_tok_s"] > 0 and d["spec_tok_s"] > 0 and d["tau"] >= 1.0
     assert d["n_prompts"] == 2
+    assert d["omp_wait_policy"] == ("PASSIVE" if passive else None)
+    assert ("OMP_WAIT_POLICY=PASSIVE is set" in capsys.readouterr().err) == passive
 
 
 def test_generate_streams_text(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
