@@ -351,3 +351,30 @@ def test_prepare_sets_up_the_cache_and_the_curve_before_the_first_request() -> N
     with pytest.raises(ConfigError, match="before any sequence"):
         beng.prepare()
     beng.remove(slot)
+
+
+def test_a_probe_asks_a_few_sequences_in_turn() -> None:
+    """While plain decoding wins, a probe asks ``probe_sequences`` drafters of the batch, in
+    turn, not all of them (each would also catch up on its skipped steps); lossless."""
+    prompts = [[*p, i] for i in range(2) for p in PROMPTS]  # 6 sequences
+    gen = GenerationConfig(max_new_tokens=64, stop_on_eos=False)
+    refs = [_engines(False).generate(p, gen).tokens for p in prompts]
+    beng = BatchEngine(tiny_model("llama", seed=3, std=0.12), EngineConfig(goodput=True),
+                       BatchConfig(max_batch=6, max_len=256))
+    beng.prepare()
+    # every row past the batch's own 6 costs 9x a plain step: plain decoding always wins
+    beng.selector = Selector(CostCurve([6, 7], [0.010, 0.100], smoothing=0.0), probe_sequences=2)
+    drafters = [WrongDrafter() for _ in prompts]
+    slots = [beng.add(BatchRequest(p, gen, drafter=d, spec=TreeSpec(kind="chain", k=4)))
+             for p, d in zip(prompts, drafters, strict=True)]  # fmt: skip
+    asked = []
+    while beng.slots:
+        before = [d.calls for d in drafters]
+        beng.step()
+        n = sum(d.calls - b for d, b in zip(drafters, before, strict=True))
+        if n:
+            asked.append(n)
+    assert [s.res.tokens for s in slots] == refs
+    assert asked[0] == 6  # nothing chosen yet: every sequence drafts
+    assert len(asked) >= 3 and all(n == 2 for n in asked[1:])  # probes ask two, in turn
+    assert sum(d.calls > 1 for d in drafters) >= 4

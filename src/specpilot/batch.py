@@ -225,6 +225,8 @@ class BatchEngine:
         self.slots: list[Slot] = []
         self.selector: Selector | None = None
         """The goodput budget's state (``cfg.goodput``)."""
+        self._probe_at = 0
+        """Where the next probe starts asking (:meth:`_probe_slots`)."""
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -328,10 +330,12 @@ class BatchEngine:
             return [DraftTree.empty() for _ in self.slots]
         trees = []
         t0 = time.perf_counter()
+        probe = self._probe_slots(sel) if sel is not None and sel.probing else None
+        asked = None if probe is None else {id(s) for s in probe}
         for s in self.slots:
             tree = DraftTree.empty()
             d = s.req.drafter
-            if d is not None:
+            if d is not None and (asked is None or id(s) in asked):
                 td = time.perf_counter()
                 with kernel_range("drafter"):
                     ctx = DraftContext(s.committed, s.res.prompt_len, s.spec, join_chunks(s.hidden))
@@ -341,12 +345,22 @@ class BatchEngine:
                 assert tree.size <= s.spec.max_nodes, "drafter returned too many nodes"
             trees.append(tree)
         if sel is not None:
-            sel.note_draft(time.perf_counter() - t0)
-            return sel.select(trees, packed=self.bcfg.packed)
+            n = len(asked) if asked is not None else sum(1 for s in self.slots if s.req.drafter)
+            sel.note_draft(time.perf_counter() - t0, n)
+            return sel.select(trees, packed=self.bcfg.packed, drafted=n)
         if any(t.size for t in trees):
             total = self.bcfg.budget.total(len(self.slots))
             trees = allocate_nodes(trees, total, self.bcfg.min_gain)
         return trees
+
+    def _probe_slots(self, sel: Selector) -> list[Slot]:
+        """The sequences a probe asks: up to ``sel.probe_sequences`` drafting ones, in turn
+        (the others keep their unseen target states for a later draft)."""
+        drafting = [s for s in self.slots if s.req.drafter is not None]
+        k = min(len(drafting), max(1, sel.probe_sequences))
+        start = self._probe_at % len(drafting) if drafting else 0
+        self._probe_at = start + k
+        return [drafting[(start + i) % len(drafting)] for i in range(k)]
 
     def _goodput(self) -> Selector | None:
         """The goodput selector when ``cfg.goodput`` and some running request drafts."""

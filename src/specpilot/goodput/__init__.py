@@ -248,7 +248,13 @@ class Selector:
     probe_gap: int = 0
     """Steps between probes now (0: ``probe_every``)."""
     draft_s: float = 0.0
-    """Moving average of drafting seconds per step."""
+    """Moving average of drafting seconds per drafting sequence (a step's drafting costs this
+    times the sequences that draft)."""
+    probe_sequences: int = 4
+    """A probe (a draft while plain decoding wins) asks at most this many sequences of a batch,
+    in turn: each drafter proposing also catches up on the target states of the steps it
+    skipped, and a large batch paid that for every sequence at every probe. Their gains decide;
+    once nodes are chosen again, every sequence drafts."""
     last: Choice | None = None
     idle: int = 0
     """Steps since the selector last drafted."""
@@ -281,17 +287,20 @@ class Selector:
             gap = self.probe_gap or self.probe_every
             self.probe_gap = min(max(self.max_probe_gap, self.probe_every), 2 * gap)
 
-    def select(self, trees: Sequence[DraftTree], packed: bool = False) -> list[DraftTree]:
+    def select(self, trees: Sequence[DraftTree], packed: bool = False,
+               drafted: int | None = None) -> list[DraftTree]:  # fmt: skip
         """Cut every tree to this step's budget (all empty for plain decoding); ``packed``: the
-        verify costs the rows the trees have (:func:`choose_packed`), else B x the widest."""
+        verify costs the rows the trees have (:func:`choose_packed`), else B x the widest.
+        ``drafted``: sequences whose drafter ran (default: all; a probe asks fewer)."""
         gains = [node_gains(t, self.stats) for t in trees]
+        draft_s = self.draft_s * (len(trees) if drafted is None else drafted)
         if packed and len(trees) > 1:
-            return self._select_packed(trees, gains)
-        new = choose(gains, self.curve, self.draft_s)
+            return self._select_packed(trees, gains, draft_s)
+        new = choose(gains, self.curve, draft_s)
         if self.last is not None and self.last.width != new.width:
             keep = self.last.width
             if keep <= max((t.size for t in trees), default=0):
-                old = choose(gains, self.curve, self.draft_s, max_width=keep)
+                old = choose(gains, self.curve, draft_s, max_width=keep)
                 if new.goodput <= old.goodput * (1 + self.hysteresis):
                     new = old
         self._next_probe(new.width)
@@ -303,11 +312,11 @@ class Selector:
         return out
 
     def _select_packed(
-        self, trees: Sequence[DraftTree], gains: list[list[float]]
+        self, trees: Sequence[DraftTree], gains: list[list[float]], draft_s: float
     ) -> list[DraftTree]:
-        new, counts = choose_packed(gains, self.curve, self.draft_s)
+        new, counts = choose_packed(gains, self.curve, draft_s)
         if self.last is not None and self.last.width != new.width:
-            old, old_counts = choose_packed(gains, self.curve, self.draft_s, self.last.width)
+            old, old_counts = choose_packed(gains, self.curve, draft_s, self.last.width)
             if new.goodput <= old.goodput * (1 + self.hysteresis):
                 new, counts = old, old_counts
         self._next_probe(new.width)
@@ -318,9 +327,16 @@ class Selector:
             out.append(t if len(keep) == t.size else subtree(t, keep))
         return out
 
-    def note_draft(self, seconds: float) -> None:
+    @property
+    def probing(self) -> bool:
+        """This draft is a probe: the last choice was plain decoding."""
+        return self.last is not None and self.last.width == 0
+
+    def note_draft(self, seconds: float, sequences: int = 1) -> None:
+        """``seconds`` of drafting by ``sequences`` drafters this step."""
         self.idle = 0
-        self.draft_s = seconds if self.draft_s == 0 else 0.8 * self.draft_s + 0.2 * seconds
+        per = seconds / max(1, sequences)
+        self.draft_s = per if self.draft_s == 0 else 0.8 * self.draft_s + 0.2 * per
 
     def note_skip(self) -> None:
         self.idle += 1
