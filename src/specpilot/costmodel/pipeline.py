@@ -180,11 +180,12 @@ def profile(
         ctx = round(statistics.mean(k for r in runs.plain for k in _cache_lens(r)))
         verify_ms = _verify_costs(engine, grid, ctx, cfg, progress)
         budgets = _budget_points(grid, curves, draft_s, verify_ms)
-    points = [_drafter_point(probe.name if probe is not None else "none", budgets, False)]
+    points: list[DrafterPoint] = []  # none for plain decoding
+    if probe is not None:
+        points.append(_drafter_point(probe.name, budgets, False))
     for name, (c, ds) in alts.items():
         points.append(_drafter_point(name, _budget_points(grid, c, ds, verify_ms), True))
-    report = _report(engine, prompts, runs, budgets, curves, hw, cfg, probe, spec,
-                     points if probe is not None else [])  # fmt: skip
+    report = _report(engine, prompts, runs, budgets, curves, hw, cfg, probe, spec, points)
     return replace(report, profile_s=time.perf_counter() - t_start, phases_s=phases.seconds)
 
 

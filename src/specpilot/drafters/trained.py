@@ -191,10 +191,12 @@ def _loaded_net(path: str | Path, model: Transformer, fingerprint: str | None) -
     :data:`_NETS`). Nets are inference-only: nothing trains a net loaded here."""
     p = Path(path).expanduser()
     try:
-        stamp = tuple((f.stat().st_size, f.stat().st_mtime_ns) for f in (p / CONFIG, p / WEIGHTS))
+        stats = [(p / name).stat() for name in (CONFIG, WEIGHTS)]
     except OSError:
-        stamp = None  # read_drafter_dir says what is missing
-    key = (str(p.resolve()), stamp, fingerprint, model.device, model.dtype, model.prepacked)
+        stats = None  # read_drafter_dir says what is missing
+    stamp = None if stats is None else tuple((st.st_size, st.st_mtime_ns) for st in stats)
+    where = str(p.resolve())
+    key = (where, stamp, fingerprint, model.device, model.dtype, model.prepacked)
     nets = _NETS.setdefault(model, {})
     if stamp is not None and key in nets:
         return nets[key]
@@ -204,7 +206,8 @@ def _loaded_net(path: str | Path, model: Transformer, fingerprint: str | None) -
     net = build_net(cfg, state, src).to(device=model.device, dtype=model.dtype)
     net.attach(*shared_tables(model))
     if stamp is not None:
-        nets.clear()  # one net per model: an older key is a replaced file or another layout
+        for old in [k for k in nets if k[0] == where]:  # replaced files, another layout
+            del nets[old]
         nets[key] = net
     return net
 
