@@ -23,7 +23,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 AVX2 = torch.ops.specpilot.isa_available(2) == 1 if kernels.available() else False
-ISAS = ["portable", "avx2"] if AVX2 else ["portable"]
+ISAS = kernels.runnable_isas() or ["portable"]
+VECTOR = [i for i in ISAS if i != "portable"]
+"""The vector paths this CPU runs (AVX2, AVX-512): each must give the portable bits."""
 
 
 def inputs(b: int, h: int, hk: int, t: int, hd: int, length: int, seed: int):  # type: ignore[no-untyped-def]

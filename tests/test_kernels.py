@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -30,7 +31,9 @@ SCALES = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2],
 """Byte offsets of the fp16 scale fields inside one block."""
 SIZES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
 AVX2 = torch.ops.specpilot.isa_available(2) == 1 if kernels.available() else False
-ISAS = ["portable", "avx2"] if AVX2 else ["portable"]
+ISAS = kernels.runnable_isas() or ["portable"]
+VECTOR = [i for i in ISAS if i != "portable"]
+"""The vector paths this CPU runs (AVX2, AVX-512): each must give the portable bits."""
 
 
 def random_weight(name: str, n: int, k: int, seed: int) -> np.ndarray:
@@ -119,14 +122,15 @@ def test_native_blocks_equal_dense_f32_kernel_on_dequantized(name: str) -> None:
 
 
 @pytest.mark.skipif(not AVX2, reason="this CPU has no AVX2+FMA+F16C")
+@pytest.mark.parametrize("isa", VECTOR)
 @pytest.mark.parametrize("name", ALL)
-def test_portable_path_equals_avx2_bit_for_bit(name: str) -> None:
+def test_portable_path_equals_vector_paths_bit_for_bit(name: str, isa: str) -> None:
     n, k, m = 37, 768 if name in DENSE else 512, 11
     raw = random_weight(name, n, k, seed=10)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(11)) * 3
     bias = torch.randn(n, generator=torch.Generator().manual_seed(12))
     a = kernels.gguf_matmul(x, as_tensor(raw), qt(name), n, k, bias, isa="portable")
-    b = kernels.gguf_matmul(x, as_tensor(raw), qt(name), n, k, bias, isa="avx2")
+    b = kernels.gguf_matmul(x, as_tensor(raw), qt(name), n, k, bias, isa=isa)
     assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
@@ -209,9 +213,11 @@ def test_thread_split_does_not_change_bits() -> None:
     threads=st.sampled_from([1, 2]),
     bias=st.booleans(),
     seed=st.integers(0, 2**16),
+    isa=st.sampled_from(VECTOR or ["portable"]),
 )
-def test_avx2_equals_portable_for_every_row_count_tile_and_thread_count(
-    name: str, n: int, m: int, tile: tuple[int, int], threads: int, bias: bool, seed: int
+def test_vector_paths_equal_portable_for_every_row_count_tile_and_thread_count(
+    name: str, n: int, m: int, tile: tuple[int, int], threads: int, bias: bool, seed: int,
+    isa: str,
 ) -> None:
     """Rows 1..20 (the direct path below 4 rows, the decoded-panel path from 4 or 5) and large m,
     odd n (not a multiple of any column tile or of the 12-column thread unit)."""
@@ -223,29 +229,30 @@ def test_avx2_equals_portable_for_every_row_count_tile_and_thread_count(
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        got = kernels.gguf_matmul(x, raw, qt(name), n, k, b, "avx2", *tile)
+        got = kernels.gguf_matmul(x, raw, qt(name), n, k, b, isa, *tile)
     finally:
         torch.set_num_threads(prev)
     assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
 
 
 @pytest.mark.skipif(not AVX2, reason="this CPU has no AVX2+FMA+F16C")
+@pytest.mark.parametrize("isa", VECTOR)
 @pytest.mark.parametrize("name", ALL)
-def test_panel_path_equals_direct_path(name: str) -> None:
+def test_panel_path_equals_direct_path(name: str, isa: str) -> None:
     """The decoded-panel path (17 rows here) gives each row the bits of the register-decode path
     (rows run one at a time), on the SmolLM2 shapes' k and a column count split by threads."""
     n, k = 150, 1536 if name not in DENSE else 1539
     raw = as_tensor(random_weight(name, n, k, 31))
     x = torch.randn(17, k, generator=torch.Generator().manual_seed(32))
     b = torch.randn(n, generator=torch.Generator().manual_seed(33))
-    panel = kernels.gguf_matmul(x, raw, qt(name), n, k, b, "avx2")
+    panel = kernels.gguf_matmul(x, raw, qt(name), n, k, b, isa)
     for r in range(x.shape[0]):
-        direct = kernels.gguf_matmul(x[r : r + 1], raw, qt(name), n, k, b, "avx2")
+        direct = kernels.gguf_matmul(x[r : r + 1], raw, qt(name), n, k, b, isa)
         assert torch.equal(panel[r].view(torch.int32), direct[0].view(torch.int32)), r
     # the panel rows are not just equal to each other: a corrupted x row changes only its row
     x2 = x.clone()
     x2[5, 7] += 1.0
-    other = kernels.gguf_matmul(x2, raw, qt(name), n, k, b, "avx2")
+    other = kernels.gguf_matmul(x2, raw, qt(name), n, k, b, isa)
     changed = (other.view(torch.int32) != panel.view(torch.int32)).any(dim=1)
     assert changed.tolist() == [r == 5 for r in range(17)]
 
@@ -266,9 +273,9 @@ def test_every_row_block_split_equals_portable(name: str) -> None:
             ref = kernels.gguf_matmul(x[:m], raw, qt(name), n, k, b, isa="portable")
             for threads in (1, 2):
                 torch.set_num_threads(threads)
-                for tile in TILES:
-                    got = kernels.gguf_matmul(x[:m], raw, qt(name), n, k, b, "avx2", *tile)
-                    assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), (m, tile)
+                for tile, isa in itertools.product(TILES, VECTOR):
+                    got = kernels.gguf_matmul(x[:m], raw, qt(name), n, k, b, isa, *tile)
+                    assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), (m, tile, isa)
     finally:
         torch.set_num_threads(prev)
 

@@ -21,6 +21,7 @@ from .test_kernels import (
     SCALES,
     SIZES,
     TILES,
+    VECTOR,
     as_tensor,
     deq,
     fma32,
@@ -112,15 +113,16 @@ def test_int8_against_the_fp32_activation_kernel(name: str) -> None:
 
 
 @pytest.mark.skipif(not AVX2, reason="no AVX2 here")
+@pytest.mark.parametrize("isa", VECTOR)
 @pytest.mark.parametrize("name", QUANT)
-def test_portable_path_equals_avx2_bit_for_bit(name: str) -> None:
+def test_portable_path_equals_vector_paths_bit_for_bit(name: str, isa: str) -> None:
     n, m = 45, 11
     k = k_for(name, 3 if name in BLOCK else 21)  # 21 blocks: a trailing group of 5
     raw = as_tensor(random_weight(name, n, k, seed=7))
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)) * 5
     bias = torch.randn(n, generator=torch.Generator().manual_seed(9))
     a = mm(x, raw, name, n, k, bias, isa="portable")
-    b = mm(x, raw, name, n, k, bias, isa="avx2")
+    b = mm(x, raw, name, n, k, bias, isa=isa)
     assert torch.equal(bits(a), bits(b))
 
 
@@ -165,8 +167,11 @@ def extreme_rows(m: int, k: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.skipif(not AVX2, reason="no AVX2 here")
+@pytest.mark.parametrize("isa", VECTOR)
 @pytest.mark.parametrize("name", QUANT)
-def test_avx2_equals_portable_for_all_counts_tiles_threads_and_extremes(name: str) -> None:
+def test_vector_paths_equal_portable_for_all_counts_tiles_threads_and_extremes(
+    name: str, isa: str
+) -> None:
     """Bit for bit at m = 1..20 and 130, odd n, every tile option, 1 and 2 threads, with
     max-magnitude weights and activations (the int16 bounds of maddubs and the packed sums)
     and all-zero blocks."""
@@ -182,7 +187,8 @@ def test_avx2_equals_portable_for_all_counts_tiles_threads_and_extremes(name: st
             for threads in (1, 2):
                 torch.set_num_threads(threads)
                 for tile in TILES:
-                    got = int8.gguf_matmul_int8(x, raw, qt(name), n, k, bias, 2, *tile)
+                    got = int8.gguf_matmul_int8(x, raw, qt(name), n, k, bias, isa_code(isa),
+                                                *tile)
                     assert torch.equal(bits(got), bits(ref)), (m, threads, tile)
             torch.set_num_threads(prev)
     finally:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from specpilot import kernels
 from specpilot.kernels import build, rowops
 from specpilot.kernels.rowops import rotate_half
 
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 AVX2 = rowops.available() and torch.ops.specpilot.isa_available(2) == 1
-ISAS = ["portable", "avx2"] if AVX2 else ["portable"]
+ISAS = kernels.runnable_isas() or ["portable"]
+VECTOR = [i for i in ISAS if i != "portable"]
+"""The vector paths this CPU runs (AVX2, AVX-512): each must give the portable bits."""
 
 
 def gen(seed: int) -> torch.Generator:

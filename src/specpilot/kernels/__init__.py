@@ -16,12 +16,15 @@ from row r of x and row n of W only:
 
 The order is defined at a fixed lane width, so it does not depend on the number of rows in the
 call, a row's position among them, the thread count (threads split the n columns, never k), the
-tiling of rows and columns, or the ISA: the portable and AVX2 paths give the same bits, and a
-reference output is portable across x86 machines. Dense F32/F16/BF16 weights follow the same
-order; running a block type natively equals running the dense F32 kernel on its dequantized
-weights, bit for bit. Tests: tests/test_kernels.py. A fused call over several linears of one x
-(``gguf_matmul_multi``, :class:`GGUFMultiLinear`: q/k/v of mixed block types) computes each
-column by the same kernel as the separate call: tests/test_fused_linear.py.
+tiling of rows and columns, or the ISA: the portable, AVX2 and AVX-512 paths give the same bits,
+and a reference output is portable across x86 machines. (The AVX-512 GEMM holds two outputs'
+8 lanes side by side in one 512-bit accumulator, two columns of one row: each half is still the
+8-lane chain above.) The path is the widest the CPU runs unless ``$SPECPILOT_KERNELS_ISA`` says
+``portable``, ``avx2`` or ``avx512`` (:func:`runnable_isas`). Dense F32/F16/BF16 weights
+follow the same order; running a block type natively equals running the dense F32 kernel on
+its dequantized weights, bit for bit. Tests: tests/test_kernels.py. A fused call over several
+linears of one x (``gguf_matmul_multi``, :class:`GGUFMultiLinear`: q/k/v of mixed block types)
+computes each column by the same kernel as the separate call: tests/test_fused_linear.py.
 
 Int8-activation contract (numerics profile ``int8``, :mod:`specpilot.kernels.int8`; ``fp32``
 above is the default). For weight types Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, from row r of x and
@@ -41,10 +44,10 @@ row n of W only:
    Q4_1 / Q4_K ``lane = fma(b, s_x, lane)``.
 5. The fp32 contract's pairwise lane reduction, then the bias last.
 
-The same independence holds (rows, positions, threads, tiles, portable and AVX2 give the same
-bits). The int8 result differs from the fp32 profile's (activation rounding): each profile is its
-own reference, and plain decoding and speculation must run the same one. Dense F32/F16/BF16
-weights have no int8 kernel and keep the fp32-activation kernel in this profile.
+The same independence holds (rows, positions, threads, tiles, portable, AVX2 and AVX-512 VNNI
+give the same bits). The int8 result differs from the fp32 profile's (activation rounding):
+each profile is its own reference, and plain decoding and speculation must run the same one.
+Dense F32/F16/BF16 weights have no int8 kernel and keep the fp32-activation kernel in this profile.
 Tests: tests/test_kernels_int8.py.
 
 Attention contract (``attention="fixed"``, :func:`fixed_attention`, fp32 q and KV cache). Output
@@ -110,6 +113,7 @@ from specpilot.kernels.linear import (
     gguf_matmul_multi,
     gguf_matmul_reference,
     reader_blocks,
+    runnable_isas,
     supports,
     unavailable_reason,
 )
@@ -132,6 +136,7 @@ __all__ = [
     "int8_supports",
     "quantize_rows",
     "reader_blocks",
+    "runnable_isas",
     "supports",
     "unavailable_reason",
 ]

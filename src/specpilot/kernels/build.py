@@ -1,7 +1,8 @@
 """Build, cache and load the C++ kernels (``csrc/``) on first use.
 
 The kernel translation units (:data:`PORTABLE_UNITS`, and on x86 :data:`AVX2_UNITS` with
-``-mavx2 -mfma -mf16c``) are compiled to objects with their own flags, then the torch op
+``-mavx2 -mfma -mf16c`` and :data:`AVX512_UNITS` with AVX-512 F/BW/DQ/VL and VNNI as well) are
+compiled to objects with their own flags, then the torch op
 registrations (:data:`OP_UNITS`: ``ops.cpp`` defines the ``specpilot`` library, other units add to
 it with ``TORCH_LIBRARY_FRAGMENT``) are built by ``torch.utils.cpp_extension.load`` and linked with
 them. Every unit gets
@@ -37,6 +38,10 @@ AVX2_UNITS = ("gemm_avx2.cpp", "gemm_q8_avx2.cpp", "attention_avx2.cpp",
     "rowops_avx2.cpp",
 )
 """Kernels compiled with AVX2_FLAGS (x86 only), called after a run-time CPU check."""
+AVX512_FLAGS = (*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl",
+                "-mavx512vnni")
+AVX512_UNITS = ("gemm_avx512.cpp", "gemm_q8_avx512.cpp")
+"""The GEMMs compiled with AVX512_FLAGS (x86 only), called after a run-time CPU check."""
 OP_UNITS = ("ops.cpp", "ops_q8.cpp", "attention_ops.cpp",
     "rowops_ops.cpp",
 )
@@ -81,7 +86,7 @@ def build_key(cxx: str) -> str:
     h = hashlib.sha256()
     for p in sorted(CSRC.iterdir()):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    flags = (COMMON_FLAGS, AVX2_FLAGS, OPENMP_FLAGS)
+    flags = (COMMON_FLAGS, AVX2_FLAGS, AVX512_FLAGS, OPENMP_FLAGS)
     h.update(f"{BUILD_VERSION}\0{torch.__version__}\0{cxx}\0{flags}".encode())
     return h.hexdigest()[:16]
 
@@ -117,6 +122,7 @@ def _build() -> None:
     defines = []
     if _x86():
         units += [(u, AVX2_FLAGS) for u in AVX2_UNITS]
+        units += [(u, AVX512_FLAGS) for u in AVX512_UNITS]
     else:
         defines.append("-DSP_NO_AVX2")
     objs = []

@@ -185,6 +185,8 @@ extern "C" {
 void sp_gemm_scalar(const sp::GemmArgs* a, int64_t n0, int64_t n1, int lanes);
 // AVX2+FMA+F16C path: columns [n0, n1), row tile <= row_tile, column tile col_tile.
 void sp_gemm_avx2(const sp::GemmArgs* a, int64_t n0, int64_t n1, int row_tile, int col_tile);
+// The same with AVX-512 (F/BW/DQ/VL, VNNI): the same bits (gemm_avx512.cpp).
+void sp_gemm_avx512(const sp::GemmArgs* a, int64_t n0, int64_t n1, int row_tile, int col_tile);
 // 1 when the AVX2 translation unit was compiled in (its object linked).
 int sp_avx2_compiled(void);
 }

@@ -16,6 +16,12 @@
 
 #include "formats.h"
 
+#if defined(SP_AVX512)
+#define SP_GEMM_ENTRY sp_gemm_avx512
+#else
+#define SP_GEMM_ENTRY sp_gemm_avx2
+#endif
+
 namespace {
 
 inline __m256 cvt(__m256i v) { return _mm256_cvtepi32_ps(v); }
@@ -217,7 +223,11 @@ void tile(const sp::GemmArgs& a, int64_t r0, int64_t c0) {
   }
 }
 
+#if defined(SP_AVX512)
+constexpr int kMaxAcc = 24;  // accumulators of one tile or micro-kernel (32 ymm registers)
+#else
 constexpr int kMaxAcc = 12;  // accumulators of one tile or micro-kernel (16 ymm registers)
+#endif
 
 // The next row block of the `left` rows still to do. R is the largest of 8, 4, 3, 2 (else 1)
 // with R <= row_tile and R * CN <= kMaxAcc; blocks of R rows, and a remainder in blocks of 3
@@ -407,6 +417,121 @@ void run_multi(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int 
   if (c < n1) run_panels<F, 1>(a, c, n1, row_tile);
 }
 
+#if defined(SP_AVX512)
+// ---- AVX-512 panels: two columns per 512-bit accumulator -------------------------------------
+//
+// A panel holds column pairs: for pair (c, c + 1) and chunk s (elements 8s..8s+7), 16 floats,
+// column c's 8 in the low half and column c + 1's in the high half. One zmm accumulator is then
+// the contract's 8 lanes of two (row, column) outputs side by side: x's 8 elements of row r are
+// broadcast to both halves, so each half is still lane i += x[8s + i] * w[8s + i] by one fma in
+// increasing s, exactly the ymm chain. Needs k % 8 == 0 (no dense tail); the halves are reduced
+// by reduce8 each.
+
+constexpr int kMaxAcc512 = 24;  // zmm accumulators of one micro-kernel (of 32 registers)
+
+// Columns col, col + 1 decoded into the pair layout at dst (2 * k floats).
+template <class F>
+void decode_pair(const sp::GemmArgs& a, int64_t col, float* dst) {
+  constexpr int E = 8 * F::NV;
+  const uint8_t* r0 = a.w + col * a.row_bytes;
+  const uint8_t* r1 = r0 + a.row_bytes;
+  const int64_t steps = a.k / E;
+  const char* next = reinterpret_cast<const char*>(r0) + kPrefetchBytes;
+  const int64_t bps = step_bytes(a, steps);
+  for (int64_t s = 0; s < steps; ++s) {
+    _mm_prefetch(next + s * bps, _MM_HINT_T0);
+    _mm_prefetch(next + a.row_bytes + s * bps, _MM_HINT_T0);
+    __m256 w0[F::NV], w1[F::NV];
+    F::load(r0, s, w0);
+    F::load(r1, s, w1);
+    for (int v = 0; v < F::NV; ++v) {
+      const __m512 both = _mm512_insertf32x8(_mm512_castps256_ps512(w0[v]), w1[v], 1);
+      _mm512_store_ps(dst + 2 * (s * E + 8 * v), both);
+    }
+  }
+}
+
+inline float reduce8_hi(__m512 v) { return reduce8(_mm512_extractf32x8_ps(v, 1)); }
+inline float reduce8_lo(__m512 v) { return reduce8(_mm512_castps512_ps256(v)); }
+
+// Rows [r0, r0 + RB) x column pairs [c0, c0 + 2 CP) from the pair panel w (2 k floats a pair).
+template <int RB, int CP>
+void micro512(const sp::GemmArgs& a, int64_t r0, int64_t c0, const float* w) {
+  __m512 acc[RB][CP];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CP; ++c) acc[r][c] = _mm512_setzero_ps();
+  const float* x = a.x + r0 * a.k;
+  const int64_t k8 = a.k / 8, kp2 = 2 * a.k;
+  for (int64_t s = 0; s < k8; ++s) {
+    __m512 wv[CP];
+    for (int c = 0; c < CP; ++c) wv[c] = _mm512_load_ps(w + c * kp2 + 16 * s);
+    for (int r = 0; r < RB; ++r) {
+      const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + r * a.k + 8 * s));
+      for (int c = 0; c < CP; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < RB; ++r) {
+    float* y = a.y + (r0 + r) * a.n + c0;
+    for (int c = 0; c < CP; ++c) {
+      float lo = reduce8_lo(acc[r][c]), hi = reduce8_hi(acc[r][c]);
+      if (a.bias != nullptr) {
+        lo = lo + a.bias[c0 + 2 * c];
+        hi = hi + a.bias[c0 + 2 * c + 1];
+      }
+      y[2 * c] = lo;
+      y[2 * c + 1] = hi;
+    }
+  }
+}
+
+template <int CP>
+void micro512_rows(int rb, const sp::GemmArgs& a, int64_t r0, int64_t c0, const float* w) {
+  if constexpr (8 * CP <= kMaxAcc512) {
+    if (rb == 8) return micro512<8, CP>(a, r0, c0, w);
+  }
+  if (rb == 4) return micro512<4, CP>(a, r0, c0, w);
+  if (rb == 3) return micro512<3, CP>(a, r0, c0, w);
+  if (rb == 2) return micro512<2, CP>(a, r0, c0, w);
+  micro512<1, CP>(a, r0, c0, w);
+}
+
+// The next row block: 8 while 8 are left (row_tile 8), else pick_rows' blocks of at most 4.
+inline int pick_rows512(int row_tile, int64_t left) {
+  if (row_tile >= 8 && left >= 8) return 8;
+  return pick_rows<3>(std::min(row_tile, 4), left);
+}
+
+// Columns [c, c + 2 CP g) decoded once as g groups of CP pairs, then every row block over them.
+template <class F, int CP>
+int64_t run_panels512(const sp::GemmArgs& a, int64_t c, int64_t n1, int row_tile) {
+  const int64_t kp2 = 2 * a.k;
+  const int64_t groups = std::max<int64_t>(1, kPanelBytes / (CP * kp2 * 4));
+  float* buf = tls_panel.get(static_cast<size_t>(groups * CP * kp2));
+  while (c + 2 * CP <= n1) {
+    const int64_t g = std::min<int64_t>(groups, (n1 - c) / (2 * CP));
+    for (int64_t p = 0; p < g * CP; ++p) decode_pair<F>(a, c + 2 * p, buf + p * kp2);
+    for (int64_t r0 = 0; r0 < a.m;) {
+      const int rb = pick_rows512(row_tile, a.m - r0);
+      for (int64_t j = 0; j < g; ++j) micro512_rows<CP>(rb, a, r0, c + 2 * CP * j, buf + j * CP * kp2);
+      r0 += rb;
+    }
+    c += 2 * CP * g;
+  }
+  return c;
+}
+
+// The pair panels for as many columns as pairs cover (CP = col_tile pairs, at most 3), a last
+// odd column by the ymm panels.
+template <class F>
+void run_multi512(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_tile) {
+  int64_t c = n0;
+  if (col_tile >= 3) c = run_panels512<F, 3>(a, c, n1, row_tile);
+  if (col_tile >= 2) c = run_panels512<F, 2>(a, c, n1, row_tile);
+  c = run_panels512<F, 1>(a, c, n1, row_tile);
+  if (c < n1) run_panels<F, 1>(a, c, n1, std::min(row_tile, 4));
+}
+#endif
+
 // Rows from which a call decodes panels. A 32-element block type (one scale, one load per 8
 // weights) decodes cheaply in registers, so its 4-row calls stay direct (one 4 x CN tile, no
 // panel stores and reloads: informally 5-11% faster on Gemma 3's Q5_0 / Q8_0 linears and its
@@ -419,6 +544,10 @@ inline int64_t panel_rows(int qtype) {
 
 template <class F>
 void run(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_tile) {
+#if defined(SP_AVX512)
+  if (a.m >= panel_rows(a.qtype) && a.k % 8 == 0)
+    return run_multi512<F>(a, n0, n1, row_tile, col_tile);
+#endif
   if (a.m >= panel_rows(a.qtype)) return run_multi<F>(a, n0, n1, row_tile, col_tile);
   int64_t c = n0;
   if (col_tile >= 4) {
@@ -433,8 +562,8 @@ void run(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_ti
 
 }  // namespace
 
-extern "C" void sp_gemm_avx2(const sp::GemmArgs* a, int64_t n0, int64_t n1, int row_tile,
-                             int col_tile) {
+extern "C" void SP_GEMM_ENTRY(const sp::GemmArgs* a, int64_t n0, int64_t n1, int row_tile,
+                              int col_tile) {
   switch (a->qtype) {
     case sp::Q4_0: return run<FQ4_0>(*a, n0, n1, row_tile, col_tile);
     case sp::Q4_1: return run<FQ4_1>(*a, n0, n1, row_tile, col_tile);
@@ -449,4 +578,6 @@ extern "C" void sp_gemm_avx2(const sp::GemmArgs* a, int64_t n0, int64_t n1, int 
   }
 }
 
+#if !defined(SP_AVX512)
 extern "C" int sp_avx2_compiled(void) { return 1; }
+#endif

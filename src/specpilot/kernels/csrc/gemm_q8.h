@@ -130,4 +130,7 @@ void sp_q8_quantize_avx2(const float* x, int64_t m, int64_t k, int8_t* q, float*
 void sp_gemm_q8_scalar(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1);
 // AVX2 int8-activation GEMM: columns [n0, n1), row tile <= row_tile, column tile col_tile.
 void sp_gemm_q8_avx2(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1, int row_tile, int col_tile);
+// The same with AVX-512 VNNI: the same bits (gemm_q8_avx512.cpp).
+void sp_gemm_q8_avx512(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1, int row_tile,
+                       int col_tile);
 }

@@ -61,16 +61,19 @@ int64_t grain_units(int64_t m, int64_t k) {
 
 // The default tiles: 1 x 4, 2 x 4, 3 x 4 for one to three rows; from 4 rows 4 x 3 (decoded panels,
 // except four rows of a 32-element block type, which run the direct register tile).
-int default_row_tile(int64_t row_tile, int64_t m) {
-  return row_tile > 0 ? static_cast<int>(row_tile) : (m == 1 ? 1 : 4);
+// (AVX-512: 8 x 6 from 8 rows, two columns per zmm accumulator.)
+int default_row_tile(int64_t row_tile, int64_t m, int path) {
+  if (row_tile > 0) return static_cast<int>(row_tile);
+  return m == 1 ? 1 : (path == 3 && m >= 8 ? 8 : 4);
 }
 int default_col_tile(int64_t col_tile, int64_t m) {
   return col_tile > 0 ? static_cast<int>(col_tile) : (m <= 3 ? 4 : 3);
 }
 
-void run_columns(const sp::GemmArgs& a, bool avx2, int64_t n0, int64_t n1, int rt, int ct) {
-  if (avx2) {
+void run_columns(const sp::GemmArgs& a, int path, int64_t n0, int64_t n1, int rt, int ct) {
+  if (path >= 2) {
 #if !defined(SP_NO_AVX2)
+    if (path == 3) return sp_gemm_avx512(&a, n0, n1, rt, ct);
     sp_gemm_avx2(&a, n0, n1, rt, ct);
 #endif
   } else {
@@ -85,12 +88,12 @@ at::Tensor gguf_matmul(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   at::Tensor y = at::empty({x.size(0), n}, x.options());
   const sp::GemmArgs a = make_args(x, blocks, qtype, n, k, bias, y);
   if (a.m == 0) return y;
-  const bool avx2 = sp::use_avx2(isa);
-  const int rt = default_row_tile(row_tile, a.m), ct = default_col_tile(col_tile, a.m);
+  const int path = sp::pick_isa(isa);
+  const int rt = default_row_tile(row_tile, a.m, path), ct = default_col_tile(col_tile, a.m);
   const int64_t unit = sp::kColumnUnit;
   const int64_t units = (n + unit - 1) / unit;
   at::parallel_for(0, units, grain_units(a.m, k), [&](int64_t u0, int64_t u1) {
-    run_columns(a, avx2, u0 * unit, std::min(n, u1 * unit), rt, ct);
+    run_columns(a, path, u0 * unit, std::min(n, u1 * unit), rt, ct);
   });
   return y;
 }
@@ -135,13 +138,13 @@ at::Tensor gguf_matmul_multi(const at::Tensor& x_in, at::TensorList blocks, at::
   }
   const int64_t m = x.size(0);
   if (m == 0) return y;
-  const bool avx2 = sp::use_avx2(isa);
-  const int rt = default_row_tile(row_tile, m), ct = default_col_tile(col_tile, m);
+  const int path = sp::pick_isa(isa);
+  const int rt = default_row_tile(row_tile, m, path), ct = default_col_tile(col_tile, m);
   at::parallel_for(0, first[parts], grain_units(m, k), [&](int64_t u0, int64_t u1) {
     for (size_t p = 0; p < parts; ++p) {
       const int64_t lo = std::max(u0, first[p]), hi = std::min(u1, first[p + 1]);
       if (lo >= hi) continue;
-      run_columns(args[p], avx2, (lo - first[p]) * unit,
+      run_columns(args[p], path, (lo - first[p]) * unit,
                   std::min(ns[p], (hi - first[p]) * unit), rt, ct);
     }
   });
@@ -181,7 +184,7 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t qtype, int64_t n, i
   return out;
 }
 
-int64_t isa_available(int64_t isa) { return isa == 1 || (isa == 2 && cpu_has_avx2()) ? 1 : 0; }
+int64_t isa_available(int64_t isa) { return isa != 0 && sp::isa_runs(isa) ? 1 : 0; }
 
 // How many distinct threads run the tasks of an at::parallel_for over `tasks` units of grain 1
 // in this library: 1 when it was built without OpenMP (the loop then runs inline).

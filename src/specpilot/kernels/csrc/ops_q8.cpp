@@ -62,7 +62,8 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte &&
                   blocks.is_contiguous() && blocks.numel() == n * rb,
               "specpilot: blocks must be a contiguous CPU uint8 tensor of ", n * rb, " bytes");
-  const bool avx2 = sp::use_avx2(isa);
+  const int path = sp::pick_isa(isa);
+  const bool avx2 = path >= 2;
   const float* bp = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == n && bias->is_contiguous(),
@@ -95,6 +96,7 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
     if (avx2) {
 #if !defined(SP_NO_AVX2)
+      if (path == 3) return sp_gemm_q8_avx512(&a, n0, n1, rt, ct);
       sp_gemm_q8_avx2(&a, n0, n1, rt, ct);
 #endif
     } else {
@@ -119,7 +121,8 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
   check_x(x, k);
   int64_t total = 0;
   bool sums = false;
-  const bool avx2 = sp::use_avx2(isa);
+  const int path = sp::pick_isa(isa);
+  const bool avx2 = path >= 2;
   for (size_t p = 0; p < parts; ++p) {
     const int qt = static_cast<int>(qtypes[p]);
     TORCH_CHECK(sp::q8_supported(qt), "specpilot: GGUF type ", qt, " has no int8 kernel");
@@ -167,7 +170,8 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
       if (lo >= hi) continue;
       if (avx2) {
 #if !defined(SP_NO_AVX2)
-        sp_gemm_q8_avx2(&args[p], lo, hi, rt, ct);
+        if (path == 3) sp_gemm_q8_avx512(&args[p], lo, hi, rt, ct);
+        else sp_gemm_q8_avx2(&args[p], lo, hi, rt, ct);
 #endif
       } else {
         sp_gemm_q8_scalar(&args[p], lo, hi);
