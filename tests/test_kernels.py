@@ -258,7 +258,7 @@ def test_panel_path_equals_direct_path(name: str, isa: str) -> None:
 
 
 @pytest.mark.skipif(not AVX2, reason="this CPU has no AVX2+FMA+F16C")
-@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "F32"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "F32"])
 def test_every_row_block_split_equals_portable(name: str) -> None:
     """Each row count 1..17 under every tile, one and two threads: the direct path's 3-row tile
     and the panel's remainder blocks of 3 (5 = 3 + 2, 6 = 3 + 3, 9 = 3 + 3 + 3, ...) give the

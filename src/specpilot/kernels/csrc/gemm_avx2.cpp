@@ -530,7 +530,159 @@ void run_multi512(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, i
   c = run_panels512<F, 1>(a, c, n1, row_tile);
   if (c < n1) run_panels<F, 1>(a, c, n1, std::min(row_tile, 4));
 }
+
+// ---- AVX-512 register tiles for few rows: two columns decoded side by side ------------------
+//
+// Pair<F>::load2 decodes block s of two weight rows into 512-bit vectors: chunk v of column c in
+// the low half and of column c + 1 in the high half, each half exactly F::load's ymm (the same
+// integer unpacking and the same one-rounding float ops on the same values). A tile of RB rows
+// x CP column pairs then runs the ymm tile's fma chains two columns at a time.
+
+template <class F>
+struct Pair {
+  static constexpr bool kHas = false;
+};
+
+// An fp16 scale of each column, broadcast over its half.
+inline __m512 scale2(const uint8_t* p0, const uint8_t* p1) {
+  return _mm512_insertf32x8(_mm512_set1_ps(h2f(p0)), _mm256_set1_ps(h2f(p1)), 1);
+}
+
+// 8 bytes of each column (p0, p1) widened to 16 dwords: p0's in the low half.
+inline __m512i bytes2(const uint8_t* p0, const uint8_t* p1) {
+  const __m128i b = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p0)),
+                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p1)));
+  return _mm512_cvtepu8_epi32(b);
+}
+
+// The nibble chunks of two 16-byte quant fields, as nibbles() per half.
+inline void nibbles2(const uint8_t* p0, const uint8_t* p1, __m512i* q) {
+  const __m512i lo = bytes2(p0, p1), hi = bytes2(p0 + 8, p1 + 8);
+  const __m512i m = _mm512_set1_epi32(0x0f);
+  q[0] = _mm512_and_si512(lo, m);
+  q[1] = _mm512_and_si512(hi, m);
+  q[2] = _mm512_srli_epi32(lo, 4);
+  q[3] = _mm512_srli_epi32(hi, 4);
+}
+
+template <>
+struct Pair<FQ4_0> {
+  static constexpr bool kHas = true;
+  static void load2(const uint8_t* r0, const uint8_t* r1, int64_t s, __m512* w) {
+    const uint8_t *b0 = r0 + s * 18, *b1 = r1 + s * 18;
+    const __m512 d = scale2(b0, b1);
+    __m512i q[4];
+    nibbles2(b0 + 2, b1 + 2, q);
+    const __m512i eight = _mm512_set1_epi32(8);
+    for (int v = 0; v < 4; ++v)
+      w[v] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(q[v], eight)));
+  }
+};
+
+template <>
+struct Pair<FQ4_1> {
+  static constexpr bool kHas = true;
+  static void load2(const uint8_t* r0, const uint8_t* r1, int64_t s, __m512* w) {
+    const uint8_t *b0 = r0 + s * 20, *b1 = r1 + s * 20;
+    const __m512 d = scale2(b0, b1), m = scale2(b0 + 2, b1 + 2);
+    __m512i q[4];
+    nibbles2(b0 + 4, b1 + 4, q);
+    for (int v = 0; v < 4; ++v) w[v] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q[v]), m);
+  }
+};
+
+template <>
+struct Pair<FQ8_0> {
+  static constexpr bool kHas = true;
+  static void load2(const uint8_t* r0, const uint8_t* r1, int64_t s, __m512* w) {
+    const uint8_t *b0 = r0 + s * 34, *b1 = r1 + s * 34;
+    const __m512 d = scale2(b0, b1);
+    for (int v = 0; v < 4; ++v) {
+      const __m128i raw =
+          _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b0 + 2 + 8 * v)),
+                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b1 + 2 + 8 * v)));
+      w[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw)), d);
+    }
+  }
+};
+
+// Rows [r0, r0 + RB) x column pairs [c0, c0 + 2 CP), weights decoded in registers.
+template <class F, int RB, int CP>
+void tile512(const sp::GemmArgs& a, int64_t r0, int64_t c0) {
+  __m512 acc[RB][CP];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CP; ++c) acc[r][c] = _mm512_setzero_ps();
+  const uint8_t* wr[2 * CP];
+  for (int c = 0; c < 2 * CP; ++c) wr[c] = a.w + (c0 + c) * a.row_bytes;
+  const float* xr = a.x + r0 * a.k;
+  const int64_t steps = a.k / 32;
+  const int64_t bps = step_bytes(a, steps), ahead = 2 * CP * a.row_bytes;
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int c = 0; c < CP; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr[2 * c]) + ahead + s * bps, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wr[2 * c + 1]) + ahead + s * bps, _MM_HINT_T0);
+      __m512 w[4];
+      Pair<F>::load2(wr[2 * c], wr[2 * c + 1], s, w);
+      for (int v = 0; v < 4; ++v) {
+        const float* x = xr + s * 32 + 8 * v;
+        for (int r = 0; r < RB; ++r) {
+          const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + r * a.k));
+          acc[r][c] = _mm512_fmadd_ps(xv, w[v], acc[r][c]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RB; ++r) {
+    float* y = a.y + (r0 + r) * a.n + c0;
+    for (int c = 0; c < CP; ++c) {
+      float lo = reduce8_lo(acc[r][c]), hi = reduce8_hi(acc[r][c]);
+      if (a.bias != nullptr) {
+        lo = lo + a.bias[c0 + 2 * c];
+        hi = hi + a.bias[c0 + 2 * c + 1];
+      }
+      y[2 * c] = lo;
+      y[2 * c + 1] = hi;
+    }
+  }
+}
+
+template <class F, int CP>
+void tile512_rows(int rb, const sp::GemmArgs& a, int64_t r0, int64_t c0) {
+  if constexpr (4 * CP <= 16) {
+    if (rb == 4) return tile512<F, 4, CP>(a, r0, c0);
+    if (rb == 3) return tile512<F, 3, CP>(a, r0, c0);
+  }
+  if (rb == 2) return tile512<F, 2, CP>(a, r0, c0);
+  tile512<F, 1, CP>(a, r0, c0);
+}
+
+// All rows of the columns [c, c + 2 CP k) for as many k as fit below n1; returns the next column.
+template <class F, int CP>
+int64_t pair_columns(const sp::GemmArgs& a, int64_t c, int64_t n1, int row_tile) {
+  for (; c + 2 * CP <= n1; c += 2 * CP) {
+    for (int64_t r0 = 0; r0 < a.m;) {
+      const int rb = static_cast<int>(std::min<int64_t>(std::min(row_tile, 4), a.m - r0));
+      tile512_rows<F, CP>(rb, a, r0, c);
+      r0 += rb;
+    }
+  }
+  return c;
+}
+
+// Few rows of a type with a pair decoder: col_tile pairs per tile (4 pairs up to 2 rows, at most
+// 3 from 3 rows), then smaller pair tiles, a last odd column by the ymm tile.
+template <class F>
+void run_direct512(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_tile) {
+  int64_t c = n0;
+  const int rows = static_cast<int>(std::min<int64_t>(std::min(row_tile, 4), a.m));
+  if (col_tile >= 4 && rows <= 2) c = pair_columns<F, 4>(a, c, n1, row_tile);
+  if (col_tile >= 3) c = pair_columns<F, 3>(a, c, n1, row_tile);
+  if (col_tile >= 2) c = pair_columns<F, 2>(a, c, n1, row_tile);
+  c = pair_columns<F, 1>(a, c, n1, row_tile);
+  for (; c < n1; ++c) column_tile<F, 1>(a, c, row_tile);
+}
 #endif
+
 
 // Rows from which a call decodes panels. A 32-element block type (one scale, one load per 8
 // weights) decodes cheaply in registers, so its 4-row calls stay direct (one 4 x CN tile, no
@@ -545,6 +697,9 @@ inline int64_t panel_rows(int qtype) {
 template <class F>
 void run(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_tile) {
 #if defined(SP_AVX512)
+  if constexpr (Pair<F>::kHas) {
+    if (a.m < panel_rows(a.qtype)) return run_direct512<F>(a, n0, n1, row_tile, col_tile);
+  }
   if (a.m >= panel_rows(a.qtype) && a.k % 8 == 0)
     return run_multi512<F>(a, n0, n1, row_tile, col_tile);
 #endif
