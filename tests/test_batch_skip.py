@@ -37,7 +37,7 @@ class EveryFew(Selector):
         super().__init__(CostCurve([1], [1.0]))
         self.draft_on, self.k = draft_on, 0
 
-    def should_draft(self) -> bool:
+    def should_draft(self, batch: int = 1) -> bool:
         self.k += 1
         return self.k in self.draft_on
 

@@ -118,6 +118,44 @@ def test_probes_back_off_while_plain_decoding_wins_and_reset_when_nodes_pay() ->
     assert sel.select([weak])[0].size == 2 and sel.probe_gap == 8
 
 
+def test_a_probe_that_cannot_pay_even_in_the_best_case_is_skipped_a_few_times_in_a_row() -> None:
+    """At batch 32 the plain step costs 1.25 ms a token and drafting a sequence 5 ms: even a
+    drafter the target always follows (chains of 4 in the top bin) cannot buy that back, so
+    the probes are skipped (at most ``max_bound_skips`` in a row: then one runs to refresh the
+    statistics); at batch 1 the same statistics say a probe could pay."""
+    curve = CostCurve([1, 32, 64], [0.008, 0.040, 0.070])
+    sure = DraftTree.chain([1, 2, 3, 4], [math.log(0.95)] * 4)
+
+    def probes(skips: int, batch: int) -> list[int]:
+        sel = Selector(curve, probe_every=2, max_probe_gap=2, max_bound_skips=skips)
+        for _ in range(20):
+            sel.stats.observe(sure, [0, 1, 2, 3])
+        sel.note_draft(0.005)
+        sel.last = choose([[]] * batch, curve, 0.005)  # plain decoding chosen
+        out = []
+        for step in range(30):
+            if sel.should_draft(batch):
+                out.append(step)
+                sel.note_draft(0.005)
+                sel._next_probe(0)
+            else:
+                sel.note_skip()
+        return out
+
+    sel = Selector(curve)
+    assert sel.could_pay(32)  # nothing measured yet: probe
+    sel.note_draft(0.005)
+    for _ in range(20):
+        sel.stats.observe(sure, [0, 1, 2, 3])
+    assert sel.could_pay(1) and not sel.could_pay(32)
+    every = probes(0, 32)
+    assert every == list(range(1, 30, 2))  # the bound off: a probe every 2 steps
+    bounded = probes(3, 32)
+    gaps = [b - a for a, b in itertools.pairwise(bounded)]
+    assert gaps and set(gaps) == {8}  # three probes skipped (2 steps each), then one runs
+    assert probes(3, 1) == every  # at batch 1 the best case pays: every probe runs
+
+
 class WrongDrafter:
     """Claims probability 0.9 for a chain of tokens the target never picks (lossless anyway)."""
 

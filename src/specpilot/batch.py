@@ -325,7 +325,7 @@ class BatchEngine:
 
     def _propose(self) -> list[DraftTree]:
         sel = self._goodput()
-        if sel is not None and not sel.should_draft():
+        if sel is not None and not sel.should_draft(len(self.slots)):
             sel.note_skip()
             return [DraftTree.empty() for _ in self.slots]
         trees = []

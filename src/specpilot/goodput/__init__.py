@@ -273,11 +273,48 @@ class Selector:
         if self.probe_every < 1:
             raise ConfigError(f"goodput probe_every must be >= 1, got {self.probe_every}")
 
-    def should_draft(self) -> bool:
-        """Whether to run the drafter this step (False while plain decoding wins, except for
-        a probe every ``probe_every`` steps)."""
+    max_bound_skips: int = 4
+    """Probes in a row :meth:`could_pay` may skip (then one runs anyway: the statistics it
+    judges by are only refreshed by drafting)."""
+    bound_skips: int = 0
+
+    def should_draft(self, batch: int = 1) -> bool:
+        """Whether to run the drafter this step for a batch of ``batch`` sequences (False while
+        plain decoding wins, except for a probe every ``probe_every`` steps, backing off; a
+        probe that even the best case seen so far says cannot pay is skipped like one that
+        chose plain decoding, see :meth:`could_pay`)."""
         gap = self.probe_gap or self.probe_every
-        return self.last is None or self.last.width > 0 or self.idle + 1 >= gap
+        if self.last is None or self.last.width > 0:
+            return True
+        if self.idle + 1 < gap:
+            return False
+        if self.bound_skips < self.max_bound_skips and not self.could_pay(batch):
+            self.bound_skips += 1
+            self.idle = -1  # the caller's note_skip makes it 0: counted as after a probe
+            self._next_probe(0)
+            return False
+        self.bound_skips = 0
+        return True
+
+    def could_pay(self, batch: int = 1) -> bool:
+        """Whether a probe of ``batch`` sequences could choose nodes in the best case seen so
+        far: each sequence a probe asks (``probe_sequences``) proposing a chain whose every node
+        sits in the top probability bin of its depth (calibrated acceptance, capped by the
+        parent's), at the measured drafting cost. At a large batch a drafted sequence's extra
+        tokens rarely buy its drafting time, and a probe there was pure cost. True while nothing
+        is known (no drafting time or acceptance measured yet)."""
+        depths = sorted({d for d, _ in self.stats.proposed})
+        if self.draft_s <= 0 or not depths:
+            return True
+        chain: list[float] = []
+        for d in range(1, depths[-1] + 1):
+            g = self.stats.estimate(d, 1.0)
+            chain.append(min(g, chain[-1]) if chain else g)
+        k = min(batch, max(1, self.probe_sequences))
+        gains = [chain] * k + [[] for _ in range(batch - k)]
+        if batch > 1:
+            return choose_packed(gains, self.curve, self.draft_s * k)[0].width > 0
+        return choose(gains, self.curve, self.draft_s).width > 0
 
     def _next_probe(self, width: int) -> None:
         """Back off after a probe that chose plain decoding; reset once nodes are chosen."""
