@@ -99,7 +99,7 @@ def test_selector_hysteresis_keeps_the_last_width_on_a_near_tie() -> None:
 
 def test_probes_back_off_while_plain_decoding_wins_and_reset_when_nodes_pay() -> None:
     steep = CostCurve([1, 2], [0.010, 0.020])  # a row costs a whole step: nodes never pay
-    sel = Selector(steep, probe_every=8, max_probe_gap=32)
+    sel = Selector(steep, probe_every=8, max_probe_gap=32, max_bound_skips=0)  # backoff alone
     weak = DraftTree.chain([1, 2], [math.log(0.3), math.log(0.1)])
     probes = []
     for step in range(200):
@@ -119,10 +119,10 @@ def test_probes_back_off_while_plain_decoding_wins_and_reset_when_nodes_pay() ->
 
 
 def test_a_probe_that_cannot_pay_even_in_the_best_case_is_skipped_a_few_times_in_a_row() -> None:
-    """At batch 32 the plain step costs 1.25 ms a token and drafting a sequence 5 ms: even a
-    drafter the target always follows (chains of 4 in the top bin) cannot buy that back, so
+    """At batch 32 the plain step costs 1.25 ms a token and drafting a sequence 5 ms: even the
+    best tree drafted lately (a chain of 4 the target always follows) cannot buy that back, so
     the probes are skipped (at most ``max_bound_skips`` in a row: then one runs to refresh the
-    statistics); at batch 1 the same statistics say a probe could pay."""
+    statistics); at batch 1 the same best case says a probe could pay."""
     curve = CostCurve([1, 32, 64], [0.008, 0.040, 0.070])
     sure = DraftTree.chain([1, 2, 3, 4], [math.log(0.95)] * 4)
 
@@ -131,6 +131,7 @@ def test_a_probe_that_cannot_pay_even_in_the_best_case_is_skipped_a_few_times_in
         for _ in range(20):
             sel.stats.observe(sure, [0, 1, 2, 3])
         sel.note_draft(0.005)
+        sel.select([sure])
         sel.last = choose([[]] * batch, curve, 0.005)  # plain decoding chosen
         out = []
         for step in range(30):
@@ -147,6 +148,7 @@ def test_a_probe_that_cannot_pay_even_in_the_best_case_is_skipped_a_few_times_in
     sel.note_draft(0.005)
     for _ in range(20):
         sel.stats.observe(sure, [0, 1, 2, 3])
+    sel.select([sure])  # the tree it drafted is the best case now
     assert sel.could_pay(1) and not sel.could_pay(32)
     every = probes(0, 32)
     assert every == list(range(1, 30, 2))  # the bound off: a probe every 2 steps
@@ -154,6 +156,28 @@ def test_a_probe_that_cannot_pay_even_in_the_best_case_is_skipped_a_few_times_in
     gaps = [b - a for a, b in itertools.pairwise(bounded)]
     assert gaps and set(gaps) == {8}  # three probes skipped (2 steps each), then one runs
     assert probes(3, 1) == every  # at batch 1 the best case pays: every probe runs
+
+
+def test_a_new_sequence_drafts_first_unless_the_best_case_cannot_pay() -> None:
+    curve = CostCurve([1, 2, 8], [0.006, 0.0065, 0.009])
+    sel = Selector(curve)
+    sel.begin_sequence()
+    assert sel.last is None and sel.should_draft()  # nothing known: draft
+    weak = DraftTree.chain([1, 2], [math.log(0.95)] * 2)
+    for _ in range(50):
+        sel.stats.observe(weak, [])  # never accepted
+    sel.note_draft(0.004)
+    sel.select([weak])
+    sel.last = choose([[]], curve, sel.draft_s)  # plain decoding won
+    sel.begin_sequence()
+    assert sel.last is not None and sel.last.width == 0  # still plain: no first draft
+    good = Selector(curve, draft_s=0.0005)
+    for _ in range(50):
+        good.stats.observe(weak, [0, 1])  # always accepted
+    good.select([weak])
+    good.last = choose([[]], curve, good.draft_s)
+    good.begin_sequence()
+    assert good.last is None  # the best case pays: the new sequence drafts first
 
 
 class WrongDrafter:
@@ -401,7 +425,8 @@ def test_a_probe_asks_a_few_sequences_in_turn() -> None:
                        BatchConfig(max_batch=6, max_len=256))
     beng.prepare()
     # every row past the batch's own 6 costs 9x a plain step: plain decoding always wins
-    beng.selector = Selector(CostCurve([6, 7], [0.010, 0.100], smoothing=0.0), probe_sequences=2)
+    beng.selector = Selector(CostCurve([6, 7], [0.010, 0.100], smoothing=0.0), probe_sequences=2,
+                             max_bound_skips=0)
     drafters = [WrongDrafter() for _ in prompts]
     slots = [beng.add(BatchRequest(p, gen, drafter=d, spec=TreeSpec(kind="chain", k=4)))
              for p, d in zip(prompts, drafters, strict=True)]  # fmt: skip

@@ -215,7 +215,7 @@ class Engine:
     def _selector(self) -> Selector:
         """The goodput selector, its cost curve cached per machine, model and plan or measured
         once per engine (:func:`specpilot.goodput.curve.selector_curve`); the hysteresis state
-        starts afresh per sequence."""
+        starts afresh per sequence (:meth:`~specpilot.goodput.Selector.begin_sequence`)."""
         if self.selector is None:
             cfg = self.cfg
             got = selector_curve(self.model, min(self.context_len, 1024), self.attention,
@@ -224,7 +224,7 @@ class Engine:
             got.curve.smoothing = cfg.goodput_smoothing
             self.selector = Selector(got.curve, hysteresis=cfg.goodput_hysteresis,
                                      probe_every=cfg.goodput_probe, curve_source=got.source)
-        self.selector.last, self.selector.idle = None, 0
+        self.selector.begin_sequence()
         return self.selector
 
     def _ensure_cache(self, need: int) -> None:

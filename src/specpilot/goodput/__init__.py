@@ -273,6 +273,10 @@ class Selector:
         if self.probe_every < 1:
             raise ConfigError(f"goodput probe_every must be >= 1, got {self.probe_every}")
 
+    recent: list[list[float]] = field(default_factory=list)
+    """The calibrated gains of the trees drafted lately (up to ``recent_trees``, the best
+    ``probe_sequences`` of a step): the best case :meth:`could_pay` judges by."""
+    recent_trees: int = 16
     max_bound_skips: int = 4
     """Probes in a row :meth:`could_pay` may skip (then one runs anyway: the statistics it
     judges by are only refreshed by drafting)."""
@@ -296,22 +300,27 @@ class Selector:
         self.bound_skips = 0
         return True
 
+    def begin_sequence(self) -> None:
+        """A new single sequence: its first step drafts (a fresh prompt may suit the drafter),
+        unless plain decoding won last and even the best case seen so far cannot pay: then it
+        goes on as after a probe that chose plain decoding (the probes, backing off, decide)."""
+        self.idle = 0
+        if self.last is not None and self.last.width == 0 and not self.could_pay(1):
+            return
+        self.last = None
+
     def could_pay(self, batch: int = 1) -> bool:
-        """Whether a probe of ``batch`` sequences could choose nodes in the best case seen so
-        far: each sequence a probe asks (``probe_sequences``) proposing a chain whose every node
-        sits in the top probability bin of its depth (calibrated acceptance, capped by the
-        parent's), at the measured drafting cost. At a large batch a drafted sequence's extra
+        """Whether a probe of ``batch`` sequences could choose nodes in the best case seen
+        lately: each sequence a probe asks (``probe_sequences``) proposing the tree of highest
+        expected acceptance among the last ``recent_trees`` drafted (their calibrated gains), at
+        the measured drafting cost. At a large batch a drafted sequence's extra
         tokens rarely buy its drafting time, and a probe there was pure cost. True while nothing
         is known (no drafting time or acceptance measured yet)."""
-        depths = sorted({d for d, _ in self.stats.proposed})
-        if self.draft_s <= 0 or not depths:
+        if self.draft_s <= 0 or not self.recent:
             return True
-        chain: list[float] = []
-        for d in range(1, depths[-1] + 1):
-            g = self.stats.estimate(d, 1.0)
-            chain.append(min(g, chain[-1]) if chain else g)
         k = min(batch, max(1, self.probe_sequences))
-        gains = [chain] * k + [[] for _ in range(batch - k)]
+        best = max(self.recent, key=sum)  # the likeliest tree seen lately, under today's stats
+        gains = [best] * k + [[] for _ in range(batch - k)]
         if batch > 1:
             return choose_packed(gains, self.curve, self.draft_s * k)[0].width > 0
         return choose(gains, self.curve, self.draft_s).width > 0
@@ -330,6 +339,8 @@ class Selector:
         verify costs the rows the trees have (:func:`choose_packed`), else B x the widest.
         ``drafted``: sequences whose drafter ran (default: all; a probe asks fewer)."""
         gains = [node_gains(t, self.stats) for t in trees]
+        drafted_gains = sorted((g for g in gains if g), key=sum, reverse=True)
+        self.recent = [*self.recent, *drafted_gains[: self.probe_sequences]][-self.recent_trees :]
         draft_s = self.draft_s * (len(trees) if drafted is None else drafted)
         if packed and len(trees) > 1:
             return self._select_packed(trees, gains, draft_s)
