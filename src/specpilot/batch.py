@@ -280,6 +280,8 @@ class BatchEngine:
         self._ensure_cache()
         if self.cfg.goodput and self.selector is None:
             self._measure_curve()
+        if self.selector is not None and not self.slots:
+            self.selector.begin_sequence()  # an empty batch starts a new context
         prompt = list(req.prompt)
         spec = req.spec or TreeSpec()
         slot = Slot(

@@ -277,16 +277,17 @@ class Selector:
     """The calibrated gains of the trees drafted lately (up to ``recent_trees``, the best
     ``probe_sequences`` of a step): the best case :meth:`could_pay` judges by."""
     recent_trees: int = 16
-    max_bound_skips: int = 4
-    """Probes in a row :meth:`could_pay` may skip (then one runs anyway: the statistics it
-    judges by are only refreshed by drafting)."""
+    max_bound_skips: int = 2
+    """Probes in a row :meth:`could_pay` may skip (then one runs anyway: the trees it judges
+    by are only refreshed by drafting, and a new context may suit the drafter again)."""
     bound_skips: int = 0
 
     def should_draft(self, batch: int = 1) -> bool:
         """Whether to run the drafter this step for a batch of ``batch`` sequences (False while
         plain decoding wins, except for a probe every ``probe_every`` steps, backing off; a
-        probe that even the best case seen so far says cannot pay is skipped like one that
-        chose plain decoding, see :meth:`could_pay`)."""
+        probe that even the best case seen lately says cannot pay is skipped, at most
+        ``max_bound_skips`` in a row, and backs off like one that chose plain decoding: see
+        :meth:`could_pay`; a new sequence starts the backoff afresh, :meth:`begin_sequence`)."""
         gap = self.probe_gap or self.probe_every
         if self.last is None or self.last.width > 0:
             return True
@@ -301,10 +302,11 @@ class Selector:
         return True
 
     def begin_sequence(self) -> None:
-        """A new single sequence: its first step drafts (a fresh prompt may suit the drafter),
-        unless plain decoding won last and even the best case seen so far cannot pay: then it
-        goes on as after a probe that chose plain decoding (the probes, backing off, decide)."""
-        self.idle = 0
+        """A new context (a single sequence, or the first of a batch that was empty): the
+        probes' backoff starts afresh, and its first step drafts (a fresh prompt may suit the
+        drafter) unless plain decoding won last and even the best case seen lately cannot pay:
+        then it goes on as after a probe that chose plain decoding."""
+        self.idle, self.probe_gap, self.bound_skips = 0, 0, 0
         if self.last is not None and self.last.width == 0 and not self.could_pay(1):
             return
         self.last = None
