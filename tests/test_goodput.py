@@ -158,26 +158,20 @@ def test_a_probe_that_cannot_pay_even_in_the_best_case_is_skipped_a_few_times_in
     assert probes(3, 1) == every  # at batch 1 the best case pays: every probe runs
 
 
-def test_a_new_sequence_drafts_first_unless_the_best_case_cannot_pay() -> None:
+def test_a_new_sequence_drafts_first_and_restarts_the_backoff() -> None:
     curve = CostCurve([1, 2, 8], [0.006, 0.0065, 0.009])
     sel = Selector(curve)
-    sel.begin_sequence()
-    assert sel.last is None and sel.should_draft()  # nothing known: draft
     weak = DraftTree.chain([1, 2], [math.log(0.95)] * 2)
     for _ in range(50):
         sel.stats.observe(weak, [])  # never accepted
     sel.note_draft(0.004)
     sel.select([weak])
     sel.last = choose([[]], curve, sel.draft_s)  # plain decoding won
+    sel.probe_gap, sel.bound_skips = 64, 2
+    assert not sel.should_draft()
     sel.begin_sequence()
-    assert sel.last is not None and sel.last.width == 0  # still plain: no first draft
-    good = Selector(curve, draft_s=0.0005)
-    for _ in range(50):
-        good.stats.observe(weak, [0, 1])  # always accepted
-    good.select([weak])
-    good.last = choose([[]], curve, good.draft_s)
-    good.begin_sequence()
-    assert good.last is None  # the best case pays: the new sequence drafts first
+    assert sel.last is None and sel.should_draft()  # a new prompt: draft its first step
+    assert sel.probe_gap == 0 and sel.bound_skips == 0
 
 
 class WrongDrafter:

@@ -302,14 +302,10 @@ class Selector:
         return True
 
     def begin_sequence(self) -> None:
-        """A new context (a single sequence, or the first of a batch that was empty): the
-        probes' backoff starts afresh, and its first step drafts (a fresh prompt may suit the
-        drafter) unless plain decoding won last and even the best case seen lately cannot pay:
-        then it goes on as after a probe that chose plain decoding."""
-        self.idle, self.probe_gap, self.bound_skips = 0, 0, 0
-        if self.last is not None and self.last.width == 0 and not self.could_pay(1):
-            return
-        self.last = None
+        """A new context (a single sequence, or the first of a batch that was empty): its first
+        step drafts (a fresh prompt may suit the drafter, whatever the last one did) and the
+        probes' backoff starts afresh."""
+        self.idle, self.probe_gap, self.bound_skips, self.last = 0, 0, 0, None
 
     def could_pay(self, batch: int = 1) -> bool:
         """Whether a probe of ``batch`` sequences could choose nodes in the best case seen
