@@ -1,11 +1,11 @@
 """Build, cache and load the C++ kernels (``csrc/``) on first use.
 
 The kernel translation units (:data:`PORTABLE_UNITS`, and on x86 :data:`AVX2_UNITS` with
-``-mavx2 -mfma -mf16c`` and :data:`AVX512_UNITS` with AVX-512 F/BW/DQ/VL and VNNI as well) are
-compiled to objects with their own flags, then the torch op
-registrations (:data:`OP_UNITS`: ``ops.cpp`` defines the ``specpilot`` library, other units add to
-it with ``TORCH_LIBRARY_FRAGMENT``) are built by ``torch.utils.cpp_extension.load`` and linked with
-them. Every unit gets
+``-mavx2 -mfma -mf16c`` and :data:`AVX512_UNITS` with AVX-512 F/BW/DQ/VL and VNNI as well; a
+compiler that cannot build those keeps the AVX2 path) are compiled to objects with their own
+flags, then the torch op registrations (:data:`OP_UNITS`: ``ops.cpp`` defines the
+``specpilot`` library, other units add to it with ``TORCH_LIBRARY_FRAGMENT``) are built by
+``torch.utils.cpp_extension.load`` and linked with them. Every unit gets
 ``-ffp-contract=off``: no multiply-add is fused unless the source says so. The build directory is
 ``$SPECPILOT_KERNELS_DIR/<key>`` (else ``~/.cache/specpilot/kernels/<key>``); the key
 hashes the sources, the flags, the compiler and the torch version, so a changed input builds anew.
@@ -122,13 +122,20 @@ def _build() -> None:
     defines = []
     if _x86():
         units += [(u, AVX2_FLAGS) for u in AVX2_UNITS]
-        units += [(u, AVX512_FLAGS) for u in AVX512_UNITS]
     else:
         defines.append("-DSP_NO_AVX2")
     objs = []
     for unit, flags in units:
         objs.append(out / (Path(unit).stem + ".o"))
         _compile_object(cxx, CSRC / unit, objs[-1], flags)
+    if _x86():  # optional: a compiler without AVX-512 VNNI support keeps the AVX2 path
+        try:
+            wide = [out / (Path(u).stem + ".o") for u in AVX512_UNITS]
+            for unit, obj in zip(AVX512_UNITS, wide, strict=True):
+                _compile_object(cxx, CSRC / unit, obj, AVX512_FLAGS)
+            objs += wide
+        except RuntimeError:
+            defines.append("-DSP_NO_AVX512")
     try:
         _load_ops(cpp_extension, key, out, [*defines, *OPENMP_FLAGS], objs, OPENMP_FLAGS)
         _state["key"] = key

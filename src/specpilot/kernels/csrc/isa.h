@@ -26,7 +26,7 @@ inline bool cpu_has_avx2() {
 }
 
 inline bool cpu_has_avx512() {
-#if defined(SP_NO_AVX2)
+#if defined(SP_NO_AVX2) || defined(SP_NO_AVX512)  // SP_NO_AVX512: the compiler could not build it
   return false;
 #elif defined(__x86_64__) || defined(__i386__)
   return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&

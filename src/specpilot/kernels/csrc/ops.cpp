@@ -73,7 +73,9 @@ int default_col_tile(int64_t col_tile, int64_t m) {
 void run_columns(const sp::GemmArgs& a, int path, int64_t n0, int64_t n1, int rt, int ct) {
   if (path >= 2) {
 #if !defined(SP_NO_AVX2)
+#if !defined(SP_NO_AVX512)
     if (path == 3) return sp_gemm_avx512(&a, n0, n1, rt, ct);
+#endif
     sp_gemm_avx2(&a, n0, n1, rt, ct);
 #endif
   } else {

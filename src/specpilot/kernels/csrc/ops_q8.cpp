@@ -96,7 +96,9 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
     if (avx2) {
 #if !defined(SP_NO_AVX2)
+#if !defined(SP_NO_AVX512)
       if (path == 3) return sp_gemm_q8_avx512(&a, n0, n1, rt, ct);
+#endif
       sp_gemm_q8_avx2(&a, n0, n1, rt, ct);
 #endif
     } else {
@@ -170,8 +172,11 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
       if (lo >= hi) continue;
       if (avx2) {
 #if !defined(SP_NO_AVX2)
+#if !defined(SP_NO_AVX512)
         if (path == 3) sp_gemm_q8_avx512(&args[p], lo, hi, rt, ct);
-        else sp_gemm_q8_avx2(&args[p], lo, hi, rt, ct);
+        else
+#endif
+          sp_gemm_q8_avx2(&args[p], lo, hi, rt, ct);
 #endif
       } else {
         sp_gemm_q8_scalar(&args[p], lo, hi);
