@@ -352,6 +352,27 @@ def test_failed_build_gives_a_one_line_reason(monkeypatch: pytest.MonkeyPatch) -
     assert reason.startswith("native GGUF kernels unavailable: no C++ compiler")
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not AVX2, reason="this CPU has no AVX2+FMA+F16C")
+def test_a_compiler_without_avx512_keeps_the_avx2_path(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A fresh build (its own directory, in a child process: one op library per process) whose
+    AVX-512 flags the compiler rejects still loads, with AVX2 and portable and without isa 3."""
+    import subprocess
+    import sys
+
+    code = (
+        "from specpilot.kernels import build\n"
+        "build.AVX512_FLAGS = ('-mno-such-flag-for-the-test',)\n"
+        "assert build.load() is None, build.load()\n"
+        "import torch\n"
+        "print([int(torch.ops.specpilot.isa_available(i)) for i in (1, 2, 3)])\n"
+    )
+    env = {**os.environ, "SPECPILOT_KERNELS_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=900)  # fmt: skip
+    assert out.stdout.strip().splitlines()[-1] == "[1, 1, 0]"
+
+
 def test_linear_from_gguf_reader_tensor(tmp_path) -> None:  # type: ignore[no-untyped-def]
     n, k = 16, 256
     raw = {name: random_weight(name, n, k, seed=21 + i) for i, name in enumerate(QUANT)}
