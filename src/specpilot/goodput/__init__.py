@@ -317,7 +317,7 @@ class Selector:
         if self.draft_s <= 0 or not self.recent:
             return True
         k = min(batch, max(1, self.probe_sequences))
-        best = max(self.recent, key=sum)  # the likeliest tree seen lately, under today's stats
+        best = max(self.recent, key=sum)  # gains as calibrated when drafted
         gains = [best] * k + [[] for _ in range(batch - k)]
         if batch > 1:
             return choose_packed(gains, self.curve, self.draft_s * k)[0].width > 0

@@ -451,8 +451,24 @@ void decode_pair(const sp::GemmArgs& a, int64_t col, float* dst) {
   }
 }
 
-inline float reduce8_hi(__m512 v) { return reduce8(_mm512_extractf32x8_ps(v, 1)); }
-inline float reduce8_lo(__m512 v) { return reduce8(_mm512_castps512_ps256(v)); }
+// Rows [r0, r0 + RB) x column pairs from c0: each half of acc[r][c] reduced as one ymm chain,
+// the low half column c0 + 2c, the high half c0 + 2c + 1, then the bias.
+template <int RB, int CP>
+void store_pairs(const sp::GemmArgs& a, int64_t r0, int64_t c0, const __m512 (&acc)[RB][CP]) {
+  for (int r = 0; r < RB; ++r) {
+    float* y = a.y + (r0 + r) * a.n + c0;
+    for (int c = 0; c < CP; ++c) {
+      float lo = reduce8(_mm512_castps512_ps256(acc[r][c]));
+      float hi = reduce8(_mm512_extractf32x8_ps(acc[r][c], 1));
+      if (a.bias != nullptr) {
+        lo = lo + a.bias[c0 + 2 * c];
+        hi = hi + a.bias[c0 + 2 * c + 1];
+      }
+      y[2 * c] = lo;
+      y[2 * c + 1] = hi;
+    }
+  }
+}
 
 // Rows [r0, r0 + RB) x column pairs [c0, c0 + 2 CP) from the pair panel w (2 k floats a pair).
 template <int RB, int CP>
@@ -470,18 +486,7 @@ void micro512(const sp::GemmArgs& a, int64_t r0, int64_t c0, const float* w) {
       for (int c = 0; c < CP; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
     }
   }
-  for (int r = 0; r < RB; ++r) {
-    float* y = a.y + (r0 + r) * a.n + c0;
-    for (int c = 0; c < CP; ++c) {
-      float lo = reduce8_lo(acc[r][c]), hi = reduce8_hi(acc[r][c]);
-      if (a.bias != nullptr) {
-        lo = lo + a.bias[c0 + 2 * c];
-        hi = hi + a.bias[c0 + 2 * c + 1];
-      }
-      y[2 * c] = lo;
-      y[2 * c + 1] = hi;
-    }
-  }
+  store_pairs<RB, CP>(a, r0, c0, acc);
 }
 
 template <int CP>
@@ -632,18 +637,7 @@ void tile512(const sp::GemmArgs& a, int64_t r0, int64_t c0) {
       }
     }
   }
-  for (int r = 0; r < RB; ++r) {
-    float* y = a.y + (r0 + r) * a.n + c0;
-    for (int c = 0; c < CP; ++c) {
-      float lo = reduce8_lo(acc[r][c]), hi = reduce8_hi(acc[r][c]);
-      if (a.bias != nullptr) {
-        lo = lo + a.bias[c0 + 2 * c];
-        hi = hi + a.bias[c0 + 2 * c + 1];
-      }
-      y[2 * c] = lo;
-      y[2 * c + 1] = hi;
-    }
-  }
+  store_pairs<RB, CP>(a, r0, c0, acc);
 }
 
 template <class F, int CP>

@@ -15,7 +15,6 @@
 
 namespace {
 
-using sp::cpu_has_avx2;
 
 int64_t row_bytes(int64_t qtype, int64_t k) {
   const int be = sp::block_elems(static_cast<int>(qtype));
