@@ -642,6 +642,12 @@ void tile512(const sp::GemmArgs& a, int64_t r0, int64_t c0) {
 
 template <class F, int CP>
 void tile512_rows(int rb, const sp::GemmArgs& a, int64_t r0, int64_t c0) {
+  if constexpr (CP <= 2) {
+    if (rb == 8) return tile512<F, 8, CP>(a, r0, c0);
+    if (rb == 7) return tile512<F, 7, CP>(a, r0, c0);
+    if (rb == 6) return tile512<F, 6, CP>(a, r0, c0);
+    if (rb == 5) return tile512<F, 5, CP>(a, r0, c0);
+  }
   if constexpr (4 * CP <= 16) {
     if (rb == 4) return tile512<F, 4, CP>(a, r0, c0);
     if (rb == 3) return tile512<F, 3, CP>(a, r0, c0);
@@ -655,7 +661,8 @@ template <class F, int CP>
 int64_t pair_columns(const sp::GemmArgs& a, int64_t c, int64_t n1, int row_tile) {
   for (; c + 2 * CP <= n1; c += 2 * CP) {
     for (int64_t r0 = 0; r0 < a.m;) {
-      const int rb = static_cast<int>(std::min<int64_t>(std::min(row_tile, 4), a.m - r0));
+      const int most = CP <= 2 ? 8 : 4;
+      const int rb = static_cast<int>(std::min<int64_t>(std::min(row_tile, most), a.m - r0));
       tile512_rows<F, CP>(rb, a, r0, c);
       r0 += rb;
     }
@@ -663,15 +670,17 @@ int64_t pair_columns(const sp::GemmArgs& a, int64_t c, int64_t n1, int row_tile)
   return c;
 }
 
-// Few rows of a type with a pair decoder: col_tile pairs per tile (4 pairs up to 2 rows, at most
-// 3 from 3 rows), then smaller pair tiles, a last odd column by the ymm tile.
+// Up to 8 rows of a type with a pair decoder: col_tile pairs per tile (4 pairs up to 2 rows, 3 up
+// to 4 rows, 2 up to 6 rows, then 1: at most 16 zmm accumulators, each block decoded once for
+// up to 8 rows instead of once per 4-row tile), then smaller pair tiles, a last odd column by
+// the ymm tile.
 template <class F>
 void run_direct512(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_tile) {
   int64_t c = n0;
-  const int rows = static_cast<int>(std::min<int64_t>(std::min(row_tile, 4), a.m));
+  const int rows = static_cast<int>(std::min<int64_t>(row_tile, a.m));
   if (col_tile >= 4 && rows <= 2) c = pair_columns<F, 4>(a, c, n1, row_tile);
-  if (col_tile >= 3) c = pair_columns<F, 3>(a, c, n1, row_tile);
-  if (col_tile >= 2) c = pair_columns<F, 2>(a, c, n1, row_tile);
+  if (col_tile >= 3 && rows <= 4) c = pair_columns<F, 3>(a, c, n1, row_tile);
+  if (col_tile >= 2 && rows <= 6) c = pair_columns<F, 2>(a, c, n1, row_tile);
   c = pair_columns<F, 1>(a, c, n1, row_tile);
   for (; c < n1; ++c) column_tile<F, 1>(a, c, row_tile);
 }
@@ -682,17 +691,25 @@ void run_direct512(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, 
 // weights) decodes cheaply in registers, so its 4-row calls stay direct (one 4 x CN tile, no
 // panel stores and reloads: informally 5-11% faster on Gemma 3's Q5_0 / Q8_0 linears and its
 // Q8_0 head); a K-quant (6-bit scale unpacking per 32 weights) is faster from panels at 4 rows.
+// With AVX-512 the cheap types stay direct up to 8 rows (their 5- to 8-row tiles: bench/
+// step_cost.py, BENCHMARKS.md).
 inline int64_t panel_rows(int qtype) {
   const bool cheap = qtype == sp::Q4_0 || qtype == sp::Q4_1 || qtype == sp::Q5_0 ||
                      qtype == sp::Q8_0;
   return cheap ? sp::kPanelRows + 1 : sp::kPanelRows;
 }
 
+// The same for the AVX-512 path.
+inline int64_t panel_rows512(int qtype) {
+  const bool cheap = qtype == sp::Q4_0 || qtype == sp::Q4_1 || qtype == sp::Q8_0;
+  return cheap ? 9 : panel_rows(qtype);
+}
+
 template <class F>
 void run(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_tile) {
 #if defined(SP_AVX512)
   if constexpr (Pair<F>::kHas) {
-    if (a.m < panel_rows(a.qtype)) return run_direct512<F>(a, n0, n1, row_tile, col_tile);
+    if (a.m < panel_rows512(a.qtype)) return run_direct512<F>(a, n0, n1, row_tile, col_tile);
   }
   if (a.m >= panel_rows(a.qtype) && a.k % 8 == 0)
     return run_multi512<F>(a, n0, n1, row_tile, col_tile);

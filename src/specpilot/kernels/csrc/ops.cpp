@@ -60,10 +60,10 @@ int64_t grain_units(int64_t m, int64_t k) {
 
 // The default tiles: 1 x 4, 2 x 4, 3 x 4 for one to three rows; from 4 rows 4 x 3 (decoded panels,
 // except four rows of a 32-element block type, which run the direct register tile).
-// (AVX-512: 8 x 6 from 8 rows, two columns per zmm accumulator.)
+// (AVX-512: row tile 8 from 5 rows, two columns per zmm accumulator.)
 int default_row_tile(int64_t row_tile, int64_t m, int path) {
   if (row_tile > 0) return static_cast<int>(row_tile);
-  return m == 1 ? 1 : (path == 3 && m >= 8 ? 8 : 4);
+  return m == 1 ? 1 : (path == 3 && m >= 5 ? 8 : 4);
 }
 int default_col_tile(int64_t col_tile, int64_t m) {
   return col_tile > 0 ? static_cast<int>(col_tile) : (m <= 3 ? 4 : 3);
