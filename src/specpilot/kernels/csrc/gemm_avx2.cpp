@@ -660,9 +660,9 @@ void tile512_rows(int rb, const sp::GemmArgs& a, int64_t r0, int64_t c0) {
 template <class F, int CP>
 int64_t pair_columns(const sp::GemmArgs& a, int64_t c, int64_t n1, int row_tile) {
   for (; c + 2 * CP <= n1; c += 2 * CP) {
+    constexpr int kMost = CP <= 2 ? 8 : 4;
     for (int64_t r0 = 0; r0 < a.m;) {
-      const int most = CP <= 2 ? 8 : 4;
-      const int rb = static_cast<int>(std::min<int64_t>(std::min(row_tile, most), a.m - r0));
+      const int rb = static_cast<int>(std::min<int64_t>(std::min(row_tile, kMost), a.m - r0));
       tile512_rows<F, CP>(rb, a, r0, c);
       r0 += rb;
     }
@@ -691,25 +691,19 @@ void run_direct512(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, 
 // weights) decodes cheaply in registers, so its 4-row calls stay direct (one 4 x CN tile, no
 // panel stores and reloads: informally 5-11% faster on Gemma 3's Q5_0 / Q8_0 linears and its
 // Q8_0 head); a K-quant (6-bit scale unpacking per 32 weights) is faster from panels at 4 rows.
-// With AVX-512 the cheap types stay direct up to 8 rows (their 5- to 8-row tiles: bench/
-// step_cost.py, BENCHMARKS.md).
+// With AVX-512 the types with a pair decoder (Q4_0, Q4_1, Q8_0) stay direct up to 8 rows (their
+// 5- to 8-row tiles: bench/step_cost.py, BENCHMARKS.md).
 inline int64_t panel_rows(int qtype) {
   const bool cheap = qtype == sp::Q4_0 || qtype == sp::Q4_1 || qtype == sp::Q5_0 ||
                      qtype == sp::Q8_0;
   return cheap ? sp::kPanelRows + 1 : sp::kPanelRows;
 }
 
-// The same for the AVX-512 path.
-inline int64_t panel_rows512(int qtype) {
-  const bool cheap = qtype == sp::Q4_0 || qtype == sp::Q4_1 || qtype == sp::Q8_0;
-  return cheap ? 9 : panel_rows(qtype);
-}
-
 template <class F>
 void run(const sp::GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_tile) {
 #if defined(SP_AVX512)
   if constexpr (Pair<F>::kHas) {
-    if (a.m < panel_rows512(a.qtype)) return run_direct512<F>(a, n0, n1, row_tile, col_tile);
+    if (a.m <= 8) return run_direct512<F>(a, n0, n1, row_tile, col_tile);
   }
   if (a.m >= panel_rows(a.qtype) && a.k % 8 == 0)
     return run_multi512<F>(a, n0, n1, row_tile, col_tile);
