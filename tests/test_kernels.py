@@ -351,6 +351,31 @@ def test_failed_build_gives_a_one_line_reason(monkeypatch: pytest.MonkeyPatch) -
     assert reason is not None and "\n" not in reason
     assert reason.startswith("native GGUF kernels unavailable: no C++ compiler")
 
+@pytest.mark.skipif(not kernels.available(), reason="no native kernels on this machine")
+def test_a_build_killed_half_way_does_not_block_the_next_process(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A process killed inside torch's build step leaves its ``lock`` file behind; torch waits on
+    that file forever. A finished build beside such a file loads at once in a new process."""
+    import shutil
+    import subprocess
+    import sys
+
+    key = build.loaded_key()
+    assert key is not None
+    built = build.build_root() / key.removesuffix("s")
+    copy = tmp_path / built.name
+    copy.mkdir()
+    shutil.copy2(built / f"specpilot_kernels_{key}.so", copy)
+    (copy / "lock").write_text("")  # what a killed holder of torch's baton leaves
+    code = ("from specpilot.kernels import build\n"
+            "assert build.load() is None, build.load()\n"
+            "print(build.loaded_key())\n")  # fmt: skip
+    env = {**os.environ, "SPECPILOT_KERNELS_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == key
+
+
 
 @pytest.mark.slow
 @pytest.mark.skipif(not AVX2, reason="this CPU has no AVX2+FMA+F16C")

@@ -9,11 +9,16 @@ flags, then the torch op registrations (:data:`OP_UNITS`: ``ops.cpp`` defines th
 ``-ffp-contract=off``: no multiply-add is fused unless the source says so. The build directory is
 ``$SPECPILOT_KERNELS_DIR/<key>`` (else ``~/.cache/specpilot/kernels/<key>``); the key
 hashes the sources, the flags, the compiler and the torch version, so a changed input builds anew.
+Processes share a build through an advisory lock on ``<key>/build.lock`` (``flock``: the kernel
+drops it when its holder dies), so a build killed half-way (Ctrl-C, a trial's time limit) never
+leaves later processes waiting on torch's own ``lock`` file, which a killed holder leaves behind;
+a finished build is loaded with :func:`torch.ops.load_library` without running ninja again.
 Failure is never raised: :func:`load` returns the one-line reason and callers fall back to fp32.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -21,7 +26,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,15 +114,54 @@ def _compile_object(cxx: str, src: Path, out: Path, flags: tuple[str, ...]) -> N
             os.unlink(tmp)
 
 
-def _build() -> None:
-    from torch.utils import cpp_extension
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` for the block (none where ``fcntl`` is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: builds are not shared safely, as torch's alone
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
+
+def _load_built(out: Path, key: str) -> bool:
+    """Load the op library of ``key`` from ``out`` if it was built: True when loaded. A library
+    a killed linker left unreadable is removed, to be built again."""
+    lib = out / f"specpilot_kernels_{key}.so"
+    if not lib.exists():
+        return False
+    try:
+        torch.ops.load_library(str(lib))
+    except OSError:
+        lib.unlink(missing_ok=True)
+        return False
+    _state["key"] = key
+    return True
+
+
+def _build() -> None:
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set CXX or install g++)")
     key = build_key(cxx)
     out = build_root() / key
     out.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out / "build.lock"):
+        if _load_built(out, key) or _load_built(out, key + "s"):
+            return
+        (out / "lock").unlink(missing_ok=True)  # torch's baton: any live holder holds ours too
+        _compile_and_load(cxx, key, out)
+
+
+def _compile_and_load(cxx: str, key: str, out: Path) -> None:
+    from torch.utils import cpp_extension
+
     units = [(u, ()) for u in PORTABLE_UNITS]
     defines = []
     if _x86():
