@@ -22,8 +22,14 @@ struct Q8Rows {
   const float* s;
   int64_t m;
   int64_t k;
-  const int32_t* qsum = nullptr;  // (m, k / 32) integer block sums (AVX2 path: Q4_0, Q5_0)
+  const int32_t* qsum = nullptr;  // (m, k / 32) integer block sums (vector paths' offset types)
+  const int8_t* qt = nullptr;  // q interleaved by sp_q8_interleave (the AVX-512 path only)
 };
+
+// Calls of at least this many rows run the AVX-512 path's blocks-across-lanes schedule
+// (gemm_q8_vnni.h); fewer rows do not repay its per-column transposition. Either schedule
+// gives the same bits.
+constexpr int64_t kQ8InterleaveRows = 3;
 
 // One GEMM y[m, n] = x[m, k] . w[n, k]^T (+ bias[n]) with x in Q8 blocks.
 struct Q8GemmArgs {
@@ -126,6 +132,10 @@ void sp_q8_quantize(const float* x, int64_t m, int64_t k, int8_t* q, float* d, f
 // AVX2 quantization, the same bits as sp_q8_quantize; qsum (nullable): the integer block sums.
 void sp_q8_quantize_avx2(const float* x, int64_t m, int64_t k, int8_t* q, float* d, float* s,
                          int32_t* qsum);
+// q (m, k) interleaved for the AVX-512 path: per row, ceil(k / 256) groups of 256 bytes; in
+// group g, the 32 bytes of step t hold, at 4 * j, elements 4t..4t+3 of block 8g + j (zero past
+// the last block).
+void sp_q8_interleave(const int8_t* q, int64_t m, int64_t k, int8_t* qt);
 // Portable int8-activation GEMM: columns [n0, n1), the profile's reference order.
 void sp_gemm_q8_scalar(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1);
 // AVX2 int8-activation GEMM: columns [n0, n1), row tile <= row_tile, column tile col_tile.

@@ -413,10 +413,22 @@ void columns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int row_tile) {
   }
 }
 
+}  // namespace
+
+#if defined(SP_AVX512)
+#include "gemm_q8_vnni.h"
+#endif
+
+namespace {
+
 // Column tiles of col_tile columns (the weights of a tile stay in cache across the row tiles;
-// the activation rows of a row tile across its columns).
+// the activation rows of a row tile across its columns). The AVX-512 build runs the blocks-
+// across-lanes schedule (gemm_q8_vnni.h) when it is given the interleaved activations.
 template <class W>
 void run(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_tile) {
+#if defined(SP_AVX512)
+  if (a.x.qt != nullptr) return run_transposed<W>(a, n0, n1, row_tile, col_tile);
+#endif
   const int64_t ct = col_tile > 0 ? col_tile : 1;
   for (int64_t c = n0; c < n1; c += ct) columns<W>(a, c, c + ct < n1 ? c + ct : n1, row_tile);
 }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "gemm_q8.h"
 
@@ -90,6 +91,24 @@ extern "C" void sp_gemm_q8_scalar(const sp::Q8GemmArgs* a, int64_t n0, int64_t n
     for (int64_t r0 = 0; r0 < a->x.m; r0 += kRows) {
       const int rows = static_cast<int>(a->x.m - r0 < kRows ? a->x.m - r0 : kRows);
       column_rows(*a, col, r0, rows);
+    }
+  }
+}
+
+extern "C" void sp_q8_interleave(const int8_t* q, int64_t m, int64_t k, int8_t* qt) {
+  const int64_t nb = k / 32, ng = (nb + 7) / 8;
+  for (int64_t r = 0; r < m; ++r) {
+    const int8_t* src = q + r * k;
+    int8_t* dst = qt + r * ng * 256;
+    for (int64_t g = 0; g < ng; ++g) {
+      for (int t = 0; t < 8; ++t) {
+        for (int j = 0; j < 8; ++j) {
+          const int64_t b = 8 * g + j;
+          int8_t* o = dst + 256 * g + 32 * t + 4 * j;
+          if (b < nb) std::memcpy(o, src + 32 * b + 4 * t, 4);
+          else std::memset(o, 0, 4);
+        }
+      }
     }
   }
 }

@@ -28,6 +28,41 @@ void quantize(bool avx2, const float* x, int64_t m, int64_t k, int8_t* q, float*
   sp_q8_quantize(x, m, k, q, d, s);
 }
 
+// Whether the kernel of path runs qt's weights as unsigned integers w + o, taking o * sum(q)
+// off each block's dot product: the AVX2 path's Q4_0 and Q5_0, the AVX-512 path's Q8_0 too.
+bool needs_sums(int path, int qt) {
+  return (path >= 2 && (qt == sp::Q4_0 || qt == sp::Q5_0)) || (path == 3 && qt == sp::Q8_0);
+}
+
+// The Q8 blocks of x (m, k) for the kernel of path: uninitialized scratch, every element
+// written by the quantization; with sums, the integer block sums; on the AVX-512 path from
+// sp::kQ8InterleaveRows rows, the interleaved copy of q its schedule reads (sp_q8_interleave).
+class Activations {
+ public:
+  Activations(const at::Tensor& x, int path, bool sums)
+      : m_(x.size(0)), k_(x.size(1)), nb_(k_ / 32),
+        q_(new int8_t[static_cast<size_t>(m_ * k_)]),
+        ds_(new float[static_cast<size_t>(2 * m_ * nb_)]),
+        qsum_(sums ? new int32_t[static_cast<size_t>(m_ * nb_)] : nullptr) {
+    quantize(path >= 2, x.data_ptr<float>(), m_, k_, q_.get(), ds_.get(), ds_.get() + m_ * nb_,
+             qsum_.get());
+    if (path == 3 && m_ >= sp::kQ8InterleaveRows) {
+      qt_.reset(new int8_t[static_cast<size_t>(m_ * ((nb_ + 7) / 8) * 256)]);
+      sp_q8_interleave(q_.get(), m_, k_, qt_.get());
+    }
+  }
+  sp::Q8Rows rows() const {
+    return {q_.get(), ds_.get(), ds_.get() + m_ * nb_, m_, k_, qsum_.get(), qt_.get()};
+  }
+
+ private:
+  int64_t m_, k_, nb_;
+  std::unique_ptr<int8_t[]> q_;
+  std::unique_ptr<float[]> ds_;
+  std::unique_ptr<int32_t[]> qsum_;
+  std::unique_ptr<int8_t[]> qt_;
+};
+
 void check_x(const at::Tensor& x, int64_t k) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
                   x.size(1) == k,
@@ -73,24 +108,17 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   const int64_t m = x.size(0);
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
-  const int64_t nb = k / 32;
-  // uninitialized scratch: every element is written by the quantization
-  std::unique_ptr<int8_t[]> q(new int8_t[static_cast<size_t>(m * k)]);
-  std::unique_ptr<float[]> ds(new float[static_cast<size_t>(2 * m * nb)]);
-  // the AVX2 path runs Q4_0 and Q5_0 as unsigned integers: isum = dot(w + o, q) - o * sum(q)
-  const bool sums = avx2 && (qt == sp::Q4_0 || qt == sp::Q5_0);
-  std::unique_ptr<int32_t[]> qsum(sums ? new int32_t[static_cast<size_t>(m * nb)] : nullptr);
-  quantize(avx2, x.data_ptr<float>(), m, k, q.get(), ds.get(), ds.get() + m * nb, qsum.get());
+  const Activations act(x, path, needs_sums(path, qt));
   const sp::Q8GemmArgs a{qt,
-                         sp::Q8Rows{q.get(), ds.get(), ds.get() + m * nb, m, k, qsum.get()},
+                         act.rows(),
                          blocks.data_ptr<uint8_t>(),
                          rb,
                          bp,
                          y.data_ptr<float>(),
                          n};
-  // default schedule: up to 4 rows share each decoded weight block; column tiles of 8 keep
-  // a row tile's activations and a column tile's weights in L1
-  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : 4;
+  // default schedule: up to 4 rows (8 on the AVX-512 path) share each decoded weight block;
+  // column tiles of 8 keep a row tile's activations and a column tile's weights in L1
+  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path == 3 ? 8 : 4;
   const int ct = col_tile > 0 ? static_cast<int>(col_tile) : 8;
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
   at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
@@ -134,7 +162,7 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
                     blocks[p].is_contiguous() && blocks[p].numel() == ns[p] * rb,
                 "specpilot: blocks must be a contiguous CPU uint8 tensor of ", ns[p] * rb,
                 " bytes");
-    sums = sums || (avx2 && (qt == sp::Q4_0 || qt == sp::Q5_0));
+    sums = sums || needs_sums(path, qt);
     total += ns[p];
   }
   const float* bp = nullptr;
@@ -147,12 +175,8 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
   const int64_t m = x.size(0);
   at::Tensor y = at::empty({m, total}, x.options());
   if (m == 0) return y;
-  const int64_t nb = k / 32;
-  std::unique_ptr<int8_t[]> q(new int8_t[static_cast<size_t>(m * k)]);
-  std::unique_ptr<float[]> ds(new float[static_cast<size_t>(2 * m * nb)]);
-  std::unique_ptr<int32_t[]> qsum(sums ? new int32_t[static_cast<size_t>(m * nb)] : nullptr);
-  quantize(avx2, x.data_ptr<float>(), m, k, q.get(), ds.get(), ds.get() + m * nb, qsum.get());
-  const sp::Q8Rows rows{q.get(), ds.get(), ds.get() + m * nb, m, k, qsum.get()};
+  const Activations act(x, path, sums);
+  const sp::Q8Rows rows = act.rows();
   std::vector<sp::Q8GemmArgs> args;
   std::vector<int64_t> off(parts + 1, 0);
   for (size_t p = 0; p < parts; ++p) {
@@ -163,7 +187,7 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
                                   y.data_ptr<float>() + off[p], total});
     off[p + 1] = off[p] + ns[p];
   }
-  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : 4;
+  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path == 3 ? 8 : 4;
   const int ct = col_tile > 0 ? static_cast<int>(col_tile) : 8;
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
   at::parallel_for(0, total, grain, [&](int64_t c0, int64_t c1) {

@@ -1,0 +1,267 @@
+// AVX-512 VNNI schedule of the int8-activation GEMM with blocks across lanes (included by
+// gemm_q8_avx2.cpp in its AVX-512 build only; uses its weight decoders and reduce8).
+//
+// The contract puts block 8g + j of a column in fp32 lane j. Here the integer sums land there
+// directly: a group's 8 decoded weight blocks are transposed once per column (8 x 8 32-bit
+// words), so step t's vector holds, in lane j, elements 4t..4t+3 of block 8g + j; the
+// activation rows come interleaved the same way (sp_q8_interleave: 8 steps of 32 bytes per group
+// of 8 blocks, zero past the last block). Eight dpbusd per row and group then give each lane its
+// block's exact int32 dot product: no horizontal sums, and the transposition is paid once for up
+// to 8 rows. A 512-bit vector carries two columns (one per 256-bit half, each exactly the
+// contract's 8 lanes); the float steps are the AVX2 path's, lane by lane, so the bits are the
+// same. Unsigned weights multiply the signed activations as they are (Q4_0 / Q5_0 as w + 8 /
+// w + 16, Q8_0 as w + 128: isum = dot - o * sum(q)); Q6_K keeps |w| with the sign moved onto x
+// and sums its two 16-element halves (steps 0-3, 4-7) apart for the two sub-scales. A trailing
+// group of fewer than 8 blocks is decoded from a zero-padded copy and updates only its lanes.
+#pragma once
+
+#include <cstring>
+
+namespace {
+
+// In each 256-bit half of z[0..7]: out word j of z[t] = word t of the input z[j] (8 x 8).
+inline void transpose8x8(__m512i* z) {
+  __m512i a[8], b[8];
+  for (int i = 0; i < 4; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+  }
+  // b[t] (t < 4), per 128-bit lane L: word t + 4 (L % 2) of inputs 0..3; b[t + 4]: of 4..7
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+  const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  for (int t = 0; t < 4; ++t) {
+    z[t] = _mm512_permutex2var_epi64(b[t], lo, b[t + 4]);
+    z[t + 4] = _mm512_permutex2var_epi64(b[t], hi, b[t + 4]);
+  }
+}
+
+inline __m512i pair512(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+inline __m512 pair512(__m256 lo, __m256 hi) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+// Block j of the group at base as dpbusd's unsigned operand before the transposition (signed
+// types: w itself, made unsigned after it).
+template <class W>
+inline __m256i tblock(const uint8_t* base, int j) {
+  __m256i u, s = zi();
+  W::block(base, j, &u, &s);
+  if constexpr (W::kSigned) return s;
+  else return u;
+}
+
+// Q4_0 and Q4_1 decode after the transposition instead: their 16 bytes of nibbles (offset O in
+// the block) as 4 32-bit words per block, transposed 4 x 4 per 128-bit lane (blocks 0-3 and 4-7
+// of a column side by side), give step t < 4 as the low nibbles of word t and step t + 4 as its
+// high nibbles, for both columns at once (a and b, the group bases).
+template <class W>
+constexpr bool kNibbles = std::is_same_v<W, WQ4_0> || std::is_same_v<W, WQ4_1>;
+
+template <class W>
+inline void nibble_steps(const uint8_t* a, const uint8_t* b, __m512i* z) {
+  constexpr int S = W::kBytes, O = std::is_same_v<W, WQ4_0> ? 2 : 4;
+  const auto ld = [](const uint8_t* p) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  };
+  __m512i y[4];
+  for (int j = 0; j < 4; ++j) {
+    __m512i v = _mm512_castsi128_si512(ld(a + j * S + O));
+    v = _mm512_inserti32x4(v, ld(a + (j + 4) * S + O), 1);
+    v = _mm512_inserti32x4(v, ld(b + j * S + O), 2);
+    y[j] = _mm512_inserti32x4(v, ld(b + (j + 4) * S + O), 3);
+  }
+  const __m512i a0 = _mm512_unpacklo_epi32(y[0], y[1]), a1 = _mm512_unpackhi_epi32(y[0], y[1]);
+  const __m512i a2 = _mm512_unpacklo_epi32(y[2], y[3]), a3 = _mm512_unpackhi_epi32(y[2], y[3]);
+  const __m512i r[4] = {_mm512_unpacklo_epi64(a0, a2), _mm512_unpackhi_epi64(a0, a2),
+                        _mm512_unpacklo_epi64(a1, a3), _mm512_unpackhi_epi64(a1, a3)};
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int w = 0; w < 4; ++w) {
+    z[w] = _mm512_and_si512(r[w], low);
+    z[w + 4] = _mm512_and_si512(_mm512_srli_epi32(r[w], 4), low);
+  }
+}
+
+template <class W>
+constexpr int toffset_log2() {
+  if constexpr (std::is_same_v<W, WQ8_0>) return 7;  // w + 128
+  else return W::kOffsetLog2;
+}
+
+// One group (blocks g..g + cnt - 1, cnt <= 8) of NP column pairs (group bases base[2p], base[2p
+// + 1]) for RB rows: acc[p * RB + r] half h lane j += the contract's terms of block g + j of
+// column 2p + h (lanes past cnt unchanged).
+template <class W, int RB, int NP>
+inline void tgroup(const sp::Q8GemmArgs& a, const uint8_t* const* base, int64_t r0, int64_t g,
+                   int cnt, __m512* acc) {
+  const int64_t nb = a.x.k / 32, xs = (nb + 7) / 8 * 256;
+  const __mmask8 live8 = static_cast<__mmask8>((1u << cnt) - 1);
+  const __mmask16 live = static_cast<__mmask16>(live8 | (live8 << 8));
+  constexpr int L = toffset_log2<W>();
+  __m512 dx[RB], sx[RB];
+  __m512i sq[RB];
+  const int8_t* xr[RB];
+  for (int r = 0; r < RB; ++r) {
+    const int64_t off = (r0 + r) * nb + g;
+    xr[r] = a.x.qt + (r0 + r) * xs + g / 8 * 256;
+    dx[r] = _mm512_broadcast_f32x8(_mm256_maskz_loadu_ps(live8, a.x.d + off));
+    if constexpr (W::kMin) {
+      sx[r] = _mm512_broadcast_f32x8(_mm256_maskz_loadu_ps(live8, a.x.s + off));
+    }
+    if constexpr (L > 0) {
+      sq[r] = _mm512_slli_epi32(
+          _mm512_broadcast_i32x8(_mm256_maskz_loadu_epi32(live8, a.x.qsum + off)), L);
+    }
+  }
+  for (int p = 0; p < NP; ++p) {
+    __m512i z[8];
+    if constexpr (kNibbles<W>) {
+      nibble_steps<W>(base[2 * p], base[2 * p + 1], z);
+    } else {
+      for (int j = 0; j < 8; ++j) {
+        z[j] = pair512(tblock<W>(base[2 * p], j), tblock<W>(base[2 * p + 1], j));
+      }
+      transpose8x8(z);
+    }
+    __mmask64 neg[8];
+    for (int t = 0; t < 8; ++t) {
+      if constexpr (W::kQ6) {
+        neg[t] = _mm512_movepi8_mask(z[t]);
+        z[t] = _mm512_abs_epi8(z[t]);
+      } else if constexpr (W::kSigned) {
+        z[t] = _mm512_xor_si512(z[t], _mm512_set1_epi8(static_cast<char>(0x80)));
+      }
+    }
+    __m512i lo[RB], hi[RB];
+    for (int r = 0; r < RB; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
+    for (int t = 0; t < 8; ++t) {
+      for (int r = 0; r < RB; ++r) {
+        __m512i xv = _mm512_broadcast_i64x4(load32(xr[r] + 32 * t));
+        if constexpr (W::kQ6) xv = _mm512_mask_sub_epi8(xv, neg[t], _mm512_setzero_si512(), xv);
+        if (W::kQ6 && t >= 4) hi[r] = _mm512_dpbusd_epi32(hi[r], z[t], xv);
+        else lo[r] = _mm512_dpbusd_epi32(lo[r], z[t], xv);
+      }
+    }
+    const Scales s0 = W::template scales<8>(base[2 * p]);
+    const Scales s1 = W::template scales<8>(base[2 * p + 1]);
+    const __m512 sa = pair512(s0.a, s1.a);
+    __m512 sb = _mm512_setzero_ps();
+    if constexpr (W::kMin) sb = pair512(s0.b, s1.b);
+    __m512i se = _mm512_setzero_si512(), so = se;
+    if constexpr (W::kQ6) {
+      se = pair512(s0.se, s1.se);
+      so = pair512(s0.so, s1.so);
+    }
+    for (int r = 0; r < RB; ++r) {
+      __m512i isum = lo[r];
+      if constexpr (W::kQ6) {
+        isum = _mm512_add_epi32(_mm512_mullo_epi32(lo[r], se), _mm512_mullo_epi32(hi[r], so));
+      }
+      if constexpr (L > 0) isum = _mm512_sub_epi32(isum, sq[r]);
+      __m512& at = acc[p * RB + r];
+      __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(sa, dx[r]), _mm512_cvtepi32_ps(isum), at);
+      if constexpr (W::kMin) v = _mm512_fmadd_ps(sb, sx[r], v);
+      at = _mm512_mask_mov_ps(at, live, v);
+    }
+  }
+}
+
+// Bytes of a zero-padded group of 8 blocks (1 for types without a trailing group).
+template <class W, bool kTail>
+constexpr int tail_pad() {
+  if constexpr (kTail) return 8 * W::kBytes;
+  else return 1;
+}
+
+// Columns [c0, c1) for rows [r0, r0 + RB), NP column pairs at a time (the last pair's second
+// column repeats the first where c1 is odd; it is computed and not stored).
+template <class W, int RB>
+void tcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
+  constexpr int NP = RB <= 2 ? 2 : 1;
+  constexpr int NC = 2 * NP;
+  constexpr bool kTail = !W::kQ6 && !std::is_same_v<W, WQ4_K>;  // K types: whole groups
+  constexpr int kPad = tail_pad<W, kTail>();
+  const int64_t nb = a.x.k / 32;
+  alignas(64) uint8_t pad[NC][kPad];
+  for (int64_t c = c0; c < c1; c += NC) {
+    const uint8_t* row[NC];
+    for (int i = 0; i < NC; ++i) row[i] = a.w + (c + i < c1 ? c + i : c1 - 1) * a.row_bytes;
+    for (int i = 0; i < NC; ++i) {
+      if (c + i + kPrefetch < a.n) {
+        const char* ahead = reinterpret_cast<const char*>(row[i] + kPrefetch * a.row_bytes);
+        for (int64_t o = 0; o < a.row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+      }
+    }
+    __m512 acc[NP * RB];
+    for (int t = 0; t < NP * RB; ++t) acc[t] = _mm512_setzero_ps();
+    const uint8_t* base[NC];
+    int64_t g = 0;
+    for (; g + 8 <= nb; g += 8) {
+      for (int i = 0; i < NC; ++i) base[i] = group_base<W>(row[i], g);
+      tgroup<W, RB, NP>(a, base, r0, g, 8, acc);
+    }
+    if constexpr (kTail) {
+      if (g < nb) {
+        const int cnt = static_cast<int>(nb - g);
+        for (int i = 0; i < NC; ++i) {
+          std::memset(pad[i], 0, kPad);
+          std::memcpy(pad[i], group_base<W>(row[i], g), static_cast<size_t>(cnt) * W::kBytes);
+          base[i] = pad[i];
+        }
+        tgroup<W, RB, NP>(a, base, r0, g, cnt, acc);
+      }
+    }
+    for (int p = 0; p < NP; ++p) {
+      for (int h = 0; h < 2; ++h) {
+        const int64_t col = c + 2 * p + h;
+        if (col >= c1) continue;
+        for (int r = 0; r < RB; ++r) {
+          const __m512 v = acc[p * RB + r];
+          float y = reduce8(h == 0 ? _mm512_castps512_ps256(v) : _mm512_extractf32x8_ps(v, 1));
+          if (a.bias != nullptr) y = y + a.bias[col];
+          a.y[(r0 + r) * a.n + col] = y;
+        }
+      }
+    }
+  }
+}
+
+template <class W>
+void tcolumns_rows(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0, int rb) {
+  switch (rb) {
+    case 1: return tcolumns<W, 1>(a, c0, c1, r0);
+    case 2: return tcolumns<W, 2>(a, c0, c1, r0);
+    case 3: return tcolumns<W, 3>(a, c0, c1, r0);
+    case 4: return tcolumns<W, 4>(a, c0, c1, r0);
+    case 5: return tcolumns<W, 5>(a, c0, c1, r0);
+    case 6: return tcolumns<W, 6>(a, c0, c1, r0);
+    case 7: return tcolumns<W, 7>(a, c0, c1, r0);
+    default: return tcolumns<W, 8>(a, c0, c1, r0);
+  }
+}
+
+// Column tiles of col_tile columns, row tiles of up to row_tile (<= 8) rows within each.
+template <class W>
+void run_transposed(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1, int row_tile,
+                    int col_tile) {
+  const int64_t ct = col_tile > 0 ? col_tile : 1;
+  const int most = row_tile < 1 ? 1 : row_tile > 8 ? 8 : row_tile;
+  for (int64_t c = n0; c < n1; c += ct) {
+    const int64_t c1 = c + ct < n1 ? c + ct : n1;
+    for (int64_t r0 = 0; r0 < a.x.m;) {
+      const int rb = a.x.m - r0 < most ? static_cast<int>(a.x.m - r0) : most;
+      tcolumns_rows<W>(a, c, c1, r0, rb);
+      r0 += rb;
+    }
+  }
+}
+
+}  // namespace
