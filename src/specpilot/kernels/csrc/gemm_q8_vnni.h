@@ -174,6 +174,11 @@ inline void tgroup(const sp::Q8GemmArgs& a, const uint8_t* const* base, int64_t 
   }
 }
 
+// Rows that share one decoded, transposed group: their integer sums stay in registers (24 of
+// the 32 with the 8 weight steps); the float accumulators of the rows past those that fit are
+// kept on the stack by the compiler, touched once per group.
+constexpr int kTileRows = 16;
+
 // Bytes of a zero-padded group of 8 blocks (1 for types without a trailing group).
 template <class W, bool kTail>
 constexpr int tail_pad() {
@@ -234,26 +239,20 @@ void tcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
   }
 }
 
-template <class W>
+template <class W, int RB = 1>
 void tcolumns_rows(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0, int rb) {
-  switch (rb) {
-    case 1: return tcolumns<W, 1>(a, c0, c1, r0);
-    case 2: return tcolumns<W, 2>(a, c0, c1, r0);
-    case 3: return tcolumns<W, 3>(a, c0, c1, r0);
-    case 4: return tcolumns<W, 4>(a, c0, c1, r0);
-    case 5: return tcolumns<W, 5>(a, c0, c1, r0);
-    case 6: return tcolumns<W, 6>(a, c0, c1, r0);
-    case 7: return tcolumns<W, 7>(a, c0, c1, r0);
-    default: return tcolumns<W, 8>(a, c0, c1, r0);
+  if constexpr (RB < kTileRows) {
+    if (rb > RB) return tcolumns_rows<W, RB + 1>(a, c0, c1, r0, rb);
   }
+  tcolumns<W, RB>(a, c0, c1, r0);
 }
 
-// Column tiles of col_tile columns, row tiles of up to row_tile (<= 8) rows within each.
+// Column tiles of col_tile columns, row tiles of up to row_tile (<= kTileRows) rows within each.
 template <class W>
 void run_transposed(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1, int row_tile,
                     int col_tile) {
   const int64_t ct = col_tile > 0 ? col_tile : 1;
-  const int most = row_tile < 1 ? 1 : row_tile > 8 ? 8 : row_tile;
+  const int most = row_tile < 1 ? 1 : row_tile > kTileRows ? kTileRows : row_tile;
   for (int64_t c = n0; c < n1; c += ct) {
     const int64_t c1 = c + ct < n1 ? c + ct : n1;
     for (int64_t r0 = 0; r0 < a.x.m;) {

@@ -116,9 +116,9 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
                          bp,
                          y.data_ptr<float>(),
                          n};
-  // default schedule: up to 4 rows (8 on the AVX-512 path) share each decoded weight block;
+  // default schedule: up to 4 rows (16 on the AVX-512 path) share each decoded weight block;
   // column tiles of 8 keep a row tile's activations and a column tile's weights in L1
-  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path == 3 ? 8 : 4;
+  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path == 3 ? 16 : 4;
   const int ct = col_tile > 0 ? static_cast<int>(col_tile) : 8;
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
   at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
@@ -187,7 +187,7 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
                                   y.data_ptr<float>() + off[p], total});
     off[p + 1] = off[p] + ns[p];
   }
-  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path == 3 ? 8 : 4;
+  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path == 3 ? 16 : 4;
   const int ct = col_tile > 0 ? static_cast<int>(col_tile) : 8;
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
   at::parallel_for(0, total, grain, [&](int64_t c0, int64_t c1) {
