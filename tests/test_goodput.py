@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from specpilot.goodput import (
     CostCurve,
     Selector,
     best_nodes,
+    calibrate_curve,
     choose,
     node_gains,
 )
@@ -56,6 +58,38 @@ def test_cost_curve_interpolates_and_learns() -> None:
     assert c(8) == pytest.approx(0.8 * 0.021 + 0.2 * 0.031)
     with pytest.raises(Exception, match="ascending"):
         CostCurve([4, 1], [0.1, 0.2])
+
+
+def test_points_never_observed_follow_the_observed_level() -> None:
+    """A calibration on a disturbed moment (every point 2x) is corrected where the selector
+    never verifies: plain steps observed at 1 row pull the unobserved points down with it."""
+    c = CostCurve([1, 2, 4], [0.020, 0.030, 0.040])
+    for _ in range(40):
+        c.observe(1, 0.010)
+    assert c(1) == pytest.approx(0.010, rel=1e-3)
+    assert c(2) == pytest.approx(0.015, rel=1e-3) and c(4) == pytest.approx(0.020, rel=1e-3)
+    c.observe(2, 0.016)  # once observed, a point keeps its own reading
+    two = c(2)
+    c.observe(1, 0.005)
+    assert c(2) == two and c(4) < 0.020
+
+
+def test_calibration_passes_outlast_a_disturbed_moment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Readings are taken in passes over all row counts, best per count: a disturbance lasting
+    as long as one pass slows one reading of each count, never every reading of one count."""
+    import specpilot.goodput as gp
+
+    clock = [0.0]
+    calls = [0]
+
+    def step(r: int) -> None:
+        calls[0] += 1
+        slow = 4 <= calls[0] < 10  # the warm-up pass, then a burst over the next two passes' calls
+        clock[0] += (0.001 * (1 + r)) * (3.0 if slow else 1.0)
+
+    monkeypatch.setattr(gp, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    c = calibrate_curve(step, (1, 2, 4), repeats=3)
+    assert c.seconds == pytest.approx([0.002, 0.003, 0.005])
 
 
 def test_acceptance_stats_calibrate_an_overconfident_drafter() -> None:

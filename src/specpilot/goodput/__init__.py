@@ -69,13 +69,27 @@ class CostCurve:
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         return ys[-1] + max(slope, 0.0) * (rows - xs[-1])
 
+    observed: list[int] = field(default_factory=list)
+    """Observed steps per point (:meth:`observe`)."""
+
     def observe(self, rows: int, seconds: float) -> None:
-        """Move the nearest measured point toward an observed step time."""
+        """Move the nearest measured point toward an observed step time. Points never observed
+        yet move by the same factor: they hold the calibration's level only, and a level that was
+        off (a calibration on a disturbed moment) would otherwise stay wrong exactly where the
+        selector, believing it, never verifies."""
+        if len(self.observed) != len(self.rows):
+            self.observed = [0] * len(self.rows)
         i = min(range(len(self.rows)), key=lambda j: abs(self.rows[j] - rows))
         if abs(self.rows[i] - rows) <= max(1, self.rows[i] // 4):
             a, cur = self.smoothing, self.seconds[i]
             seconds = min(max(seconds, 0.5 * cur), 2.0 * cur)  # one stalled step moves it little
             self.seconds[i] = (1 - a) * cur + a * seconds
+            self.observed[i] += 1
+            if cur > 0:
+                f = self.seconds[i] / cur
+                for j, n in enumerate(self.observed):
+                    if n == 0:
+                        self.seconds[j] *= f
 
 
 @dataclass
@@ -442,15 +456,17 @@ def calibrate_curve(
     repeats: int = 3,
 ) -> CostCurve:
     """Time ``step(r)`` (one verify forward of ``r`` rows, finished when it returns) at each
-    row count: best of ``repeats`` after one warm-up call (the least disturbed reading). The
-    verify forwards themselves: :func:`specpilot.goodput.curve.measure_verify_curve`."""
-    secs = []
+    row count: after one warm-up pass, ``repeats`` passes over all the row counts, best per
+    count (the least disturbed reading). Passes, not repeats per count in a row: a disturbed
+    second of a shared machine then slows one reading of every count instead of all readings of
+    one, which made a 2-row step look 1.8x a plain one and the budget never draft. The verify
+    forwards themselves: :func:`specpilot.goodput.curve.measure_verify_curve`."""
     for r in rows:
         step(r)
-        best = math.inf
-        for _ in range(repeats):
+    best = [math.inf] * len(rows)
+    for _ in range(repeats):
+        for i, r in enumerate(rows):
             t = time.perf_counter()
             step(r)
-            best = min(best, time.perf_counter() - t)
-        secs.append(best)
-    return CostCurve(list(rows), secs)
+            best[i] = min(best[i], time.perf_counter() - t)
+    return CostCurve(list(rows), best)

@@ -50,7 +50,7 @@ from specpilot.model import Transformer
 from specpilot.tree import DraftTree
 from specpilot.verify import VerifyRow, build_inputs, forward
 
-CURVE_VERSION = 1
+CURVE_VERSION = 2
 """Bump when the measurement changes; entries of other versions are ignored."""
 CURVE_FILE = "goodput.json"
 RECALIBRATE_ENV = "SPECPILOT_GOODPUT_RECALIBRATE"
@@ -83,7 +83,7 @@ def measure_verify_curve(
     context: int,
     rows: tuple[int, ...],
     cache_rows: slice | None = None,
-    repeats: int = 3,
+    repeats: int = 5,
 ) -> CostCurve:
     """Verify step seconds of one sequence with ``context`` cached tokens at each of ``rows``
     (the cache must hold ``context + rows[-1] + 1`` slots; ``cache_rows``: the batch row)."""
