@@ -359,6 +359,15 @@ inline void tail(const sp::Q8GemmArgs& a, const uint8_t* const* row, int64_t r0,
   }
 }
 
+// The weights of column col + kPrefetch (row: column col's), streamed from memory once per call
+// at m = 1.
+inline void prefetch_ahead(const sp::Q8GemmArgs& a, const uint8_t* row, int64_t col) {
+  if (col + kPrefetch < a.n) {
+    const char* ahead = reinterpret_cast<const char*>(row + kPrefetch * a.row_bytes);
+    for (int64_t o = 0; o < a.row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+  }
+}
+
 // Columns [col, col + NC) for rows [r0, r0 + RB): each weight block is decoded once for the RB
 // rows, each activation block loaded once for the NC columns; the RB * NC independent chains
 // keep the core busy where one column's chain would wait on its latencies.
@@ -367,13 +376,7 @@ void column_rows(const sp::Q8GemmArgs& a, int64_t r0, int64_t col) {
   const int64_t nb = a.x.k / 32;
   const uint8_t* row[NC];
   for (int c = 0; c < NC; ++c) row[c] = a.w + (col + c) * a.row_bytes;
-  // the weights of the columns kPrefetch ahead (streamed from memory once per call at m = 1)
-  for (int c = 0; c < NC; ++c) {
-    if (col + c + kPrefetch < a.n) {
-      const char* ahead = reinterpret_cast<const char*>(row[c] + kPrefetch * a.row_bytes);
-      for (int64_t o = 0; o < a.row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
-    }
-  }
+  for (int c = 0; c < NC; ++c) prefetch_ahead(a, row[c], col + c);
   __m256 acc[RB * NC];
   for (int t = 0; t < RB * NC; ++t) acc[t] = _mm256_setzero_ps();
   int64_t g = 0;

@@ -199,12 +199,7 @@ void tcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
   for (int64_t c = c0; c < c1; c += NC) {
     const uint8_t* row[NC];
     for (int i = 0; i < NC; ++i) row[i] = a.w + (c + i < c1 ? c + i : c1 - 1) * a.row_bytes;
-    for (int i = 0; i < NC; ++i) {
-      if (c + i + kPrefetch < a.n) {
-        const char* ahead = reinterpret_cast<const char*>(row[i] + kPrefetch * a.row_bytes);
-        for (int64_t o = 0; o < a.row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
-      }
-    }
+    for (int i = 0; i < NC; ++i) prefetch_ahead(a, row[i], c + i);
     __m512 acc[NP * RB];
     for (int t = 0; t < NP * RB; ++t) acc[t] = _mm512_setzero_ps();
     const uint8_t* base[NC];
