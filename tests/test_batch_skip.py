@@ -41,7 +41,9 @@ class EveryFew(Selector):
         self.k += 1
         return self.k in self.draft_on
 
-    def select(self, trees: Any, packed: bool = False, drafted: Any = None) -> list[DraftTree]:
+    def select(
+        self, trees: Any, packed: bool = False, drafted: Any = None, regimes: Any = None
+    ) -> list[DraftTree]:
         return list(trees)
 
 

@@ -30,6 +30,7 @@ from specpilot.goodput import (
     best_nodes,
     calibrate_curve,
     choose,
+    next_regime,
     node_gains,
 )
 from specpilot.tree import DraftTree, TreeSpec
@@ -244,7 +245,8 @@ def test_goodput_decoding_is_lossless_and_decays_to_plain() -> None:
     assert eng.selector is not None and eng.selector.log  # predicted vs actual step times
     # a curve where 4 more rows cost 40% of a step (a tiny model's rows are nearly free; kept
     # fixed here): a drafter that is never right decays to plain decoding
-    eng.selector = Selector(CostCurve([1, 5], [0.010, 0.014], smoothing=0.0))
+    # (drafting counted as dear: cheap drafting runs every step, see the next test)
+    eng.selector = Selector(CostCurve([1, 5], [0.010, 0.014], smoothing=0.0), cheap_draft=0.0)
     wrong, long = WrongDrafter(), GenerationConfig(max_new_tokens=90, stop_on_eos=False)
     res = eng.generate(PROMPTS[1], long, drafter=wrong, spec=TreeSpec(kind="chain", k=4))
     assert res.tokens == plain.generate(PROMPTS[1], long).tokens
@@ -256,6 +258,50 @@ def test_goodput_decoding_is_lossless_and_decays_to_plain() -> None:
     gains = node_gains(wrong.propose(DraftContext([3, 4], 1, TreeSpec(kind="chain", k=4))),
                        eng.selector.stats)  # fmt: skip
     assert gains == sorted(gains, reverse=True)
+
+
+def test_cheap_drafting_runs_every_step_while_plain_decoding_wins() -> None:
+    """A drafter costing under ``cheap_draft`` of a plain step drafts every step (no probe
+    backoff: it would miss the start of a copy run for nothing saved), and verifies nothing
+    while its drafts do not pay; a dear one probes."""
+    steep = CostCurve([1, 2], [0.010, 0.020])  # nodes never pay
+    weak = DraftTree.chain([1, 2], [math.log(0.3), math.log(0.1)])
+
+    def drafts(draft_s: float) -> int:
+        sel, n = Selector(steep), 0
+        for step in range(100):
+            if sel.should_draft():
+                n += 1
+                assert step == 0 or sel.probing == (draft_s >= 0.001)  # a probe asks a few
+                sel.note_draft(draft_s)
+                assert sel.select([weak])[0].size == 0
+            else:
+                sel.note_skip()
+        return n
+
+    assert drafts(0.0001) == 100
+    assert drafts(0.001) < 20
+
+
+def test_a_run_of_full_acceptances_gets_statistics_of_its_own() -> None:
+    """Deep nodes tried and rejected in one regime do not hold a copy run (every step accepted
+    its whole path) to one node: that regime's cell starts at the drafter's word."""
+    curve = CostCurve([1, 2, 4, 8], [0.008, 0.009, 0.010, 0.012])
+    sel = Selector(curve)
+    chain = DraftTree.chain([1, 2, 3, 4], [0.0] * 4)  # a suffix match: probability 1 per node
+    for _ in range(30):
+        sel.observe([chain], [[0]], 0.010, regimes=[0])  # only depth 1 accepted
+    assert sel.select([chain], regimes=[0])[0].size == 1
+    assert sel.select([chain], regimes=[3])[0].size == 4
+    assert next_regime(0, chain, [0, 1, 2, 3]) == 1 and next_regime(2, chain, [0]) == 0
+
+
+def test_the_curve_learns_between_its_points() -> None:
+    c = CostCurve([4, 8], [0.010, 0.020], smoothing=1.0)
+    c.observe(6, 0.013)  # predicted 0.015: both points move by half the error
+    assert c.seconds == pytest.approx([0.009, 0.019])
+    c.observe(40, 0.5)  # far beyond the last point: not used
+    assert c.seconds == pytest.approx([0.009, 0.019])
 
 
 def test_batched_goodput_is_lossless() -> None:
@@ -453,8 +499,9 @@ def test_a_probe_asks_a_few_sequences_in_turn() -> None:
                        BatchConfig(max_batch=6, max_len=256))
     beng.prepare()
     # every row past the batch's own 6 costs 9x a plain step: plain decoding always wins
+    # (drafting counted as dear: cheap drafting would run for every sequence every step)
     beng.selector = Selector(CostCurve([6, 7], [0.010, 0.100], smoothing=0.0), probe_sequences=2,
-                             max_bound_skips=0)
+                             max_bound_skips=0, cheap_draft=0.0)
     drafters = [WrongDrafter() for _ in prompts]
     slots = [beng.add(BatchRequest(p, gen, drafter=d, spec=TreeSpec(kind="chain", k=4)))
              for p, d in zip(prompts, drafters, strict=True)]  # fmt: skip

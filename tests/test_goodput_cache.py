@@ -60,7 +60,7 @@ def test_measured_once_then_cached(machine: dict[str, Any]) -> None:
     assert machine["path"].exists()
     b = _engine()._selector()  # a fresh load of the same model, same plan
     assert b.curve_source == "cached" and machine["measured"] == 1
-    assert b.curve.rows == a.curve.rows == [1, 2, 4, 8]
+    assert b.curve.rows == a.curve.rows == [1, 2, 3, 4, 5, 6, 8]
     assert b.curve.seconds == a.curve.seconds
     assert b.summary()["curve_source"] == "cached"
     assert b.curve.smoothing == 0.2
@@ -170,7 +170,7 @@ def test_a_corrupt_or_old_file_is_ignored_and_rewritten(
     assert sel.curve_source == "measured" and machine["measured"] == 1
     data = json.loads(path.read_text())
     (entry,) = data.values()
-    assert entry["version"] == curve_mod.CURVE_VERSION and entry["rows"] == [1, 2, 4, 8]
+    assert entry["version"] == curve_mod.CURVE_VERSION and entry["rows"] == [1, 2, 3, 4, 5, 6, 8]
     assert _engine()._selector().curve_source == "cached"
 
 

@@ -36,7 +36,7 @@ from specpilot.engine import (
     join_chunks,
 )
 from specpilot.errors import ConfigError, ContextLengthError
-from specpilot.goodput import Selector
+from specpilot.goodput import Selector, next_regime
 from specpilot.goodput.curve import selector_curve
 from specpilot.model import Transformer
 from specpilot.profiling import kernel_range
@@ -176,6 +176,9 @@ class Slot:
     (concatenating every step copied the whole backlog, the prompt's states included)."""
     t_admit: float = 0.0
     done: bool = False
+    regime: int = 0
+    """The goodput budget's record of this sequence's recent acceptance
+    (:func:`specpilot.goodput.next_regime`)."""
 
     @property
     def cache_len(self) -> int:
@@ -349,7 +352,8 @@ class BatchEngine:
         if sel is not None:
             n = len(asked) if asked is not None else sum(1 for s in self.slots if s.req.drafter)
             sel.note_draft(time.perf_counter() - t0, n)
-            return sel.select(trees, packed=self.bcfg.packed, drafted=n)
+            regimes = [s.regime for s in self.slots]
+            return sel.select(trees, packed=self.bcfg.packed, drafted=n, regimes=regimes)
         if any(t.size for t in trees):
             total = self.bcfg.budget.total(len(self.slots))
             trees = allocate_nodes(trees, total, self.bcfg.min_gain)
@@ -412,7 +416,10 @@ class BatchEngine:
         if self.selector is not None and self.cfg.goodput:
             paths = [o.path for o in outcomes]
             dt = time.perf_counter() - tv
-            self.selector.observe(trees, paths, dt, packed=self.bcfg.packed)
+            regimes = [s.regime for s in slots]
+            self.selector.observe(trees, paths, dt, packed=self.bcfg.packed, regimes=regimes)
+            for s, tr, path in zip(slots, trees, paths, strict=True):
+                s.regime = next_regime(s.regime, tr, path)
         finished: list[Slot] = []
         accepted: list[int] = []
         for s, tr, o in zip(slots, trees, outcomes, strict=True):

@@ -25,7 +25,7 @@ from torch import Tensor
 from specpilot import kernels
 from specpilot.drafters.base import DraftContext, Drafter
 from specpilot.errors import ConfigError, ContextLengthError
-from specpilot.goodput import Selector
+from specpilot.goodput import Selector, next_regime
 from specpilot.goodput.curve import selector_curve
 from specpilot.model import ATTENTION_KINDS, LINEAR_KINDS, Transformer
 from specpilot.profiling import kernel_range
@@ -309,6 +309,7 @@ class Engine:
         done = stopper.push(res, [first], on_tokens)
 
         t1 = time.perf_counter()
+        regime = 0  # the goodput budget's view of this sequence's recent acceptance
         while not done:
             cache_len = len(committed) - 1  # the root committed[-1] is not cached yet
             tree, drafted = _draft(
@@ -316,6 +317,7 @@ class Engine:
                 sel,
                 lambda h=pending: DraftContext(committed, p, spec, join_chunks(h)),
                 res,
+                regime,
             )
             if drafted:
                 pending = []
@@ -323,7 +325,8 @@ class Engine:
             tv = time.perf_counter()
             step = self.step(committed[-1], cache_len, tree, taps, sampler)
             if sel is not None:
-                sel.observe([tree], [step.path], time.perf_counter() - tv)
+                sel.observe([tree], [step.path], time.perf_counter() - tv, regimes=[regime])
+                regime = next_regime(regime, tree, step.path)
             if step.hidden:
                 pending.append(step.hidden)
             res.steps += 1
@@ -359,10 +362,11 @@ def _draft(
     sel: Selector | None,
     context: Callable[[], DraftContext],
     res: GenerationResult,
+    regime: int = 0,
 ) -> tuple[DraftTree, bool]:
     """This step's tree (empty without a drafter, or when the goodput budget skips drafting)
     and whether the drafter proposed (then it has seen the pending hidden states). ``context``
-    builds the drafter's input only when it runs."""
+    builds the drafter's input only when it runs; ``regime``: the sequence's for the budget."""
     if drafter is None or not (sel is None or sel.should_draft()):
         if sel is not None:
             sel.note_skip()
@@ -374,7 +378,7 @@ def _draft(
     res.draft_s += dt
     if sel is not None:
         sel.note_draft(dt)
-        tree = sel.select([tree])[0]
+        tree = sel.select([tree], regimes=[regime])[0]
     return tree, True
 
 

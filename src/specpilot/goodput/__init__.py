@@ -7,8 +7,9 @@ Three parts, each a small pure piece (the engines own the state):
   measured (:func:`calibrate_curve`; the verify forwards, once per machine, model and plan and
   kept on disk: :mod:`specpilot.goodput.curve`) and refreshed online from observed steps;
 * :class:`AcceptanceStats` - a drafter's path probability (``exp(score)``) calibrated against
-  observed acceptance, per drafter and depth (a probability bin per depth, with a prior that
-  trusts the drafter until evidence arrives);
+  observed acceptance, per drafter, regime (the sequence's recent run of fully accepted steps)
+  and depth (a probability bin per depth, with a prior that trusts the drafter until evidence
+  arrives; :mod:`specpilot.goodput.acceptance`);
 * :func:`choose` - per step, over all live sequences, the draft nodes that maximize
   ``(B + expected accepted) / (t_verify(rows) + t_draft)``, zero nodes (plain decoding, no
   drafting) included, with hysteresis (:class:`Selector`) so the choice does not flap.
@@ -25,6 +26,7 @@ and acceptance are unchanged, so the output is plain decoding's token for token.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import time
@@ -33,10 +35,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specpilot.errors import ConfigError
+from specpilot.goodput.acceptance import BINS, REGIMES, AcceptanceStats, next_regime, node_gains
 from specpilot.tree import DraftTree, subtree
 
-BINS = 10
-"""Probability bins per depth in :class:`AcceptanceStats`."""
+__all__ = [
+    "BINS",
+    "CALIBRATION_ROWS",
+    "REGIMES",
+    "AcceptanceStats",
+    "Choice",
+    "CostCurve",
+    "Selector",
+    "best_nodes",
+    "calibrate_curve",
+    "calibration_shape",
+    "choose",
+    "choose_packed",
+    "next_regime",
+    "node_gains",
+]
 
 
 @dataclass
@@ -69,58 +86,44 @@ class CostCurve:
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         return ys[-1] + max(slope, 0.0) * (rows - xs[-1])
 
-    observed: list[int] = field(default_factory=list)
-    """Observed steps per point (:meth:`observe`)."""
+    observed: list[float] = field(default_factory=list)
+    """Observed steps per point, by interpolation weight (:meth:`observe`)."""
 
     def observe(self, rows: int, seconds: float) -> None:
-        """Move the nearest measured point toward an observed step time. Points never observed
-        yet move by the same factor: they hold the calibration's level only, and a level that was
-        off (a calibration on a disturbed moment) would otherwise stay wrong exactly where the
-        selector, believing it, never verifies."""
-        if len(self.observed) != len(self.rows):
-            self.observed = [0] * len(self.rows)
-        i = min(range(len(self.rows)), key=lambda j: abs(self.rows[j] - rows))
-        if abs(self.rows[i] - rows) <= max(1, self.rows[i] // 4):
-            a, cur = self.smoothing, self.seconds[i]
-            seconds = min(max(seconds, 0.5 * cur), 2.0 * cur)  # one stalled step moves it little
-            self.seconds[i] = (1 - a) * cur + a * seconds
-            self.observed[i] += 1
-            if cur > 0:
-                f = self.seconds[i] / cur
-                for j, n in enumerate(self.observed):
-                    if n == 0:
-                        self.seconds[j] *= f
-
-
-@dataclass
-class AcceptanceStats:
-    """Calibration of draft path probabilities against observed acceptance, per depth."""
-
-    prior: float = 4.0
-    """Pseudo-observations at the drafter's own probability per bin."""
-    proposed: dict[tuple[int, int], float] = field(default_factory=dict)
-    accepted: dict[tuple[int, int], float] = field(default_factory=dict)
-
-    @staticmethod
-    def _bin(depth: int, p: float) -> tuple[int, int]:
-        return depth, min(BINS - 1, max(0, int(p * BINS)))
-
-    def estimate(self, depth: int, p: float) -> float:
-        """Expected acceptance of a node at ``depth`` whose drafter path probability is ``p``."""
-        key = self._bin(depth, p)
-        n = self.proposed.get(key, 0.0)
-        return (self.accepted.get(key, 0.0) + self.prior * p) / (n + self.prior)
-
-    def observe(self, tree: DraftTree, path: Sequence[int]) -> None:
-        """Count every verified node of ``tree``; the nodes on the accepted ``path`` count as
-        accepted."""
-        on_path = set(path)
-        depths, scores = tree.depths.tolist(), tree.scores.tolist()
-        for i in range(tree.size):
-            key = self._bin(depths[i], math.exp(min(scores[i], 0.0)))
-            self.proposed[key] = self.proposed.get(key, 0.0) + 1
-            if i in on_path:
-                self.accepted[key] = self.accepted.get(key, 0.0) + 1
+        """Move the curve at ``rows`` toward an observed step time: the two measured points
+        around it, each by its interpolation weight (an online least-squares step; a 6-row step
+        moved the 8-row point all the way to its own time when only the nearest point learned).
+        Points never observed yet follow the level: they hold the calibration's only, and a
+        level that was off would otherwise stay wrong exactly where the selector, believing it,
+        never verifies. Down by the same factor (a calibration on a disturbed moment is slow by
+        a factor), up by the same seconds (what a real step adds to the calibration's bare
+        forward - accepting, a longer context, caches the drafter evicted - does not grow with
+        the rows; scaled up, an 8-row step was predicted 5 ms above its cost and never
+        verified). Steps beyond the last point by more than a quarter are not used."""
+        xs = self.rows
+        if len(self.observed) != len(xs):
+            self.observed = [0.0] * len(xs)
+        if rows > xs[-1] * 1.25:
+            return
+        i = bisect.bisect_left(xs, rows)
+        if i == 0 or i == len(xs):
+            parts = [(min(i, len(xs) - 1), 1.0)]
+        else:
+            f = (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
+            parts = [(i - 1, 1.0 - f), (i, f)]
+        pred = sum(w * self.seconds[j] for j, w in parts)
+        if pred <= 0:
+            return
+        seconds = min(max(seconds, 0.5 * pred), 2.0 * pred)  # one stalled step moves it little
+        delta = self.smoothing * (seconds - pred)
+        for j, w in parts:
+            self.seconds[j] += w * delta
+            self.observed[j] += w
+        factor = (pred + delta) / pred
+        for j, n in enumerate(self.observed):
+            if n == 0:
+                y = self.seconds[j]
+                self.seconds[j] = y * factor if factor < 1 else y + delta
 
 
 @dataclass(frozen=True)
@@ -137,29 +140,6 @@ class Choice:
     @property
     def goodput(self) -> float:
         return self.predicted_tokens / self.predicted_s if self.predicted_s > 0 else 0.0
-
-
-def node_gains(tree: DraftTree, stats: AcceptanceStats) -> list[float]:
-    """Calibrated expected acceptance per node of ``tree``, capped by its parent's: a node is
-    accepted only with its whole path, so it cannot be likelier than its parent. (Calibrated
-    per depth, a deep bin that is rarely verified keeps its prior; uncapped, it outranked the
-    depth-1 node it hangs under, and a drafter that was never right kept one node verified per
-    step: the budget counted the deep node's gain for the shallow node's cost.)
-
-    >>> t = DraftTree.chain([7, 8], [math.log(0.9), math.log(0.8)])
-    >>> stats = AcceptanceStats(prior=1.0)
-    >>> for _ in range(9):
-    ...     stats.observe(DraftTree.chain([7], [math.log(0.9)]), [])   # depth 1 never accepted
-    >>> [round(g, 3) for g in node_gains(t, stats)]                    # depth 2 keeps its prior
-    [0.09, 0.09]
-    """
-    depths, scores = tree.depths.tolist(), tree.scores.tolist()
-    parents = tree.parents.tolist()
-    out: list[float] = []
-    for d, s, par in zip(depths, scores, parents, strict=True):
-        g = stats.estimate(d, math.exp(min(s, 0.0)))
-        out.append(min(g, out[par]) if par >= 0 else g)  # parents come before their children
-    return out
 
 
 def best_nodes(tree: DraftTree, gains: Sequence[float], width: int) -> list[int]:
@@ -295,15 +275,28 @@ class Selector:
     """Probes in a row :meth:`could_pay` may skip (then one runs anyway: the trees it judges
     by are only refreshed by drafting, and a new context may suit the drafter again)."""
     bound_skips: int = 0
+    cheap_draft: float = 0.03
+    """Drafting that costs at most this fraction of a plain step (all drafting sequences
+    together) runs every step, for every sequence, even while plain decoding wins: probing by
+    backoff saves next to nothing there and misses the start of a copy run (a suffix drafter
+    drafts in ~0.1 ms against an 8 ms step)."""
+    _every: bool = False
+
+    def cheap(self, batch: int = 1) -> bool:
+        """Whether drafting for ``batch`` sequences is cheap enough to run every step
+        (:attr:`cheap_draft`; False while its cost is unmeasured)."""
+        return 0 < self.draft_s * batch <= self.cheap_draft * self.curve(batch)
 
     def should_draft(self, batch: int = 1) -> bool:
         """Whether to run the drafter this step for a batch of ``batch`` sequences (False while
         plain decoding wins, except for a probe every ``probe_every`` steps, backing off; a
         probe that even the best case seen lately says cannot pay is skipped, at most
         ``max_bound_skips`` in a row, and backs off like one that chose plain decoding: see
-        :meth:`could_pay`; a new sequence starts the backoff afresh, :meth:`begin_sequence`)."""
+        :meth:`could_pay`; a new sequence starts the backoff afresh, :meth:`begin_sequence`).
+        Cheap drafting (:meth:`cheap`) always runs."""
         gap = self.probe_gap or self.probe_every
-        if self.last is None or self.last.width > 0:
+        self._every = self.cheap(batch)
+        if self.last is None or self.last.width > 0 or self._every:
             return True
         if self.idle + 1 < gap:
             return False
@@ -346,11 +339,14 @@ class Selector:
             self.probe_gap = min(max(self.max_probe_gap, self.probe_every), 2 * gap)
 
     def select(self, trees: Sequence[DraftTree], packed: bool = False,
-               drafted: int | None = None) -> list[DraftTree]:  # fmt: skip
+               drafted: int | None = None,
+               regimes: Sequence[int] | None = None) -> list[DraftTree]:  # fmt: skip
         """Cut every tree to this step's budget (all empty for plain decoding); ``packed``: the
         verify costs the rows the trees have (:func:`choose_packed`), else B x the widest.
-        ``drafted``: sequences whose drafter ran (default: all; a probe asks fewer)."""
-        gains = [node_gains(t, self.stats) for t in trees]
+        ``drafted``: sequences whose drafter ran (default: all; a probe asks fewer);
+        ``regimes``: each sequence's (:func:`next_regime`; default 0)."""
+        regimes = regimes if regimes is not None else [0] * len(trees)
+        gains = [node_gains(t, self.stats, r) for t, r in zip(trees, regimes, strict=True)]
         drafted_gains = sorted((g for g in gains if g), key=sum, reverse=True)
         self.recent = [*self.recent, *drafted_gains[: self.probe_sequences]][-self.recent_trees :]
         draft_s = self.draft_s * (len(trees) if drafted is None else drafted)
@@ -389,8 +385,9 @@ class Selector:
 
     @property
     def probing(self) -> bool:
-        """This draft is a probe: the last choice was plain decoding."""
-        return self.last is not None and self.last.width == 0
+        """This draft is a probe: the last choice was plain decoding, and drafting is not
+        cheap enough to run for every sequence (:meth:`cheap`)."""
+        return self.last is not None and self.last.width == 0 and not self._every
 
     def note_draft(self, seconds: float, sequences: int = 1) -> None:
         """``seconds`` of drafting by ``sequences`` drafters this step."""
@@ -407,10 +404,13 @@ class Selector:
         paths: Sequence[Sequence[int]],
         verify_s: float,
         packed: bool = False,
+        regimes: Sequence[int] | None = None,
     ) -> None:
-        """After a step: acceptance statistics and the curve at the step's rows."""
-        for t, p in zip(trees, paths, strict=True):
-            self.stats.observe(t, p)
+        """After a step: acceptance statistics (each tree in the regime it was selected in) and
+        the curve at the step's rows."""
+        regimes = regimes if regimes is not None else [0] * len(trees)
+        for t, p, r in zip(trees, paths, regimes, strict=True):
+            self.stats.observe(t, p, r)
         width = max((t.size for t in trees), default=0)
         rows = len(trees) + sum(t.size for t in trees) if packed else len(trees) * (1 + width)
         self.log.append((len(trees), rows, self.curve(rows), verify_s))
@@ -434,25 +434,32 @@ class Selector:
         }
 
 
+CALIBRATION_ROWS = (1, 2, 3, 4, 5, 6, 8, 11, 16, 24, 32, 48, 64)
+"""Row counts a curve is measured at: every one up to 6 (a verify kernel's cost steps with its
+row tiles there: 3 and 4 rows cost alike on one machine, 5 a third more, which powers of two
+alone interpolated away), then sparser."""
+
+
 def calibration_shape(slots: int, max_rows: int = 64) -> tuple[int, tuple[int, ...]]:
     """(context length, row counts) for measuring a curve in a cache of ``slots`` slots: up to
-    128 cached tokens and 1..``max_rows`` rows (powers of two), fewer in a small cache.
+    128 cached tokens and the :data:`CALIBRATION_ROWS` up to ``max_rows``, fewer in a small
+    cache.
 
     >>> calibration_shape(1024)
-    (128, (1, 2, 4, 8, 16, 32, 64))
+    (128, (1, 2, 3, 4, 5, 6, 8, 11, 16, 24, 32, 48, 64))
     >>> calibration_shape(40)
-    (19, (1, 2, 4, 8, 16))
+    (19, (1, 2, 3, 4, 5, 6, 8, 11, 16))
     >>> calibration_shape(1024, max_rows=16)
-    (128, (1, 2, 4, 8, 16))
+    (128, (1, 2, 3, 4, 5, 6, 8, 11, 16))
     """
     width = max(1, min(max_rows, 64, (slots - 2) // 2))
-    rows = tuple(r for r in (1, 2, 4, 8, 16, 32, 64) if r <= width)
+    rows = tuple(r for r in CALIBRATION_ROWS if r <= width)
     return min(128, slots - width - 2), rows
 
 
 def calibrate_curve(
     step: Callable[[int], None],
-    rows: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
+    rows: Sequence[int] = CALIBRATION_ROWS,
     repeats: int = 3,
 ) -> CostCurve:
     """Time ``step(r)`` (one verify forward of ``r`` rows, finished when it returns) at each

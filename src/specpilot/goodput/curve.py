@@ -2,8 +2,9 @@
 
 :func:`measure_verify_curve` is the one measurement both engines run (``Engine`` and
 ``BatchEngine`` through :func:`selector_curve`): verify forwards of one sequence, a chain tree of
-``r - 1`` nodes over ``c`` cached tokens, at r = 1, 2, 4, .. 64 rows (best of 3 after a warm-up;
-:func:`specpilot.goodput.calibration_shape`, :func:`specpilot.goodput.calibrate_curve`).
+``r - 1`` nodes over ``c`` cached tokens, at r = 1 .. 64 rows (``CALIBRATION_ROWS``; best of 3
+after a warm-up; :func:`specpilot.goodput.calibration_shape`,
+:func:`specpilot.goodput.calibrate_curve`).
 
 :func:`selector_curve` keeps the curve in ``goodput.json`` under
 :func:`specpilot.machine.cache_root` (the parent of ``$SPECPILOT_CACHE``, else
@@ -50,7 +51,7 @@ from specpilot.model import Transformer
 from specpilot.tree import DraftTree
 from specpilot.verify import VerifyRow, build_inputs, forward
 
-CURVE_VERSION = 2
+CURVE_VERSION = 3
 """Bump when the measurement changes; entries of other versions are ignored."""
 CURVE_FILE = "goodput.json"
 RECALIBRATE_ENV = "SPECPILOT_GOODPUT_RECALIBRATE"
