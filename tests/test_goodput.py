@@ -286,7 +286,7 @@ def test_cheap_drafting_runs_every_step_while_plain_decoding_wins() -> None:
 def test_a_run_of_full_acceptances_gets_statistics_of_its_own() -> None:
     """Deep nodes tried and rejected in one regime do not hold a copy run (every step accepted
     its whole path) to one node: that regime's cell starts at the drafter's word."""
-    curve = CostCurve([1, 2, 4, 8], [0.008, 0.009, 0.010, 0.012])
+    curve = CostCurve([1, 2, 4, 8], [0.008, 0.009, 0.012, 0.016], smoothing=0.0)
     sel = Selector(curve)
     chain = DraftTree.chain([1, 2, 3, 4], [0.0] * 4)  # a suffix match: probability 1 per node
     for _ in range(30):

@@ -73,6 +73,8 @@ class CostCurve:
             raise ConfigError("a cost curve needs one time per measured row count")
         if self.rows != sorted(set(self.rows)) or self.rows[0] < 1:
             raise ConfigError(f"cost curve rows must be ascending and >= 1, got {self.rows}")
+        if len(self.base) != len(self.seconds):
+            self.base = list(self.seconds)
 
     def __call__(self, rows: int) -> float:
         xs = self.rows
@@ -88,6 +90,8 @@ class CostCurve:
 
     observed: list[float] = field(default_factory=list)
     """Observed steps per point, by interpolation weight (:meth:`observe`)."""
+    base: list[float] = field(default_factory=list)
+    """The calibration's readings (the points never observed follow them: :meth:`_follow`)."""
 
     def observe(self, rows: int, seconds: float) -> None:
         """Move the curve at ``rows`` toward an observed step time: the two measured points
@@ -119,11 +123,25 @@ class CostCurve:
         for j, w in parts:
             self.seconds[j] += w * delta
             self.observed[j] += w
-        factor = (pred + delta) / pred
-        for j, n in enumerate(self.observed):
-            if n == 0:
-                y = self.seconds[j]
-                self.seconds[j] = y * factor if factor < 1 else y + delta
+        self._follow()
+
+    def _follow(self) -> None:
+        """Points never observed: the calibration's reading moved by the observed points' mean
+        change since calibration (weighted by observations), down as a factor, up as seconds
+        (see :meth:`observe`). From the calibration each time, never step by step: following
+        every step's noise, down by factors and up by seconds, drifted the large points to
+        half their cost."""
+        obs = [(w, y, b) for w, y, b in zip(self.observed, self.seconds, self.base, strict=True)
+               if w > 0]  # fmt: skip
+        total, was = sum(w for w, _, _ in obs), sum(w * b for w, _, b in obs)
+        if total <= 0 or was <= 0:
+            return
+        now = sum(w * y for w, y, _ in obs)
+        ratio, delta = now / was, (now - was) / total
+        for j, w in enumerate(self.observed):
+            if w == 0:
+                b = self.base[j]
+                self.seconds[j] = b * ratio if ratio < 1 else b + delta
 
 
 @dataclass(frozen=True)
