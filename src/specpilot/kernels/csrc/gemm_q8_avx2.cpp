@@ -1,7 +1,8 @@
 // AVX2 int8-activation GEMM and Q8 row quantization, bit-identical to gemm_q8_scalar.cpp.
 //
 // A weight block's 32 integers sit in one __m256i, decoded once per column and group of 8
-// blocks and used for every row of the row tile (up to 4 rows). Its exact dot product with a Q8
+// blocks and used for every row of the row tile (up to 4 rows; from sp::kQ8InterleaveRows rows,
+// Q4_0 and Q4_1 run the blocks-across-lanes schedule of gemm_q8_lanes.h instead). Its exact dot product with a Q8
 // activation block is _mm256_maddubs_epi16 (unsigned weights directly: u <= 31, a pair is at
 // most 2 * 31 * 127; Q4_0 and Q5_0 as u = w + 8 or w + 16, with 8 or 16 * sum(q) taken off the
 // block's sum; signed ones as |w| <= 128 with the sign moved onto x: a pair is at most
@@ -420,17 +421,24 @@ void columns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int row_tile) {
 
 #if defined(SP_AVX512)
 #include "gemm_q8_vnni.h"
+#else
+#include "gemm_q8_lanes.h"
 #endif
 
 namespace {
 
 // Column tiles of col_tile columns (the weights of a tile stay in cache across the row tiles;
-// the activation rows of a row tile across its columns). The AVX-512 build runs the blocks-
-// across-lanes schedule (gemm_q8_vnni.h) when it is given the interleaved activations.
+// the activation rows of a row tile across its columns). Given the interleaved activations, the
+// AVX-512 build runs the blocks-across-lanes schedule (gemm_q8_vnni.h), the AVX2 build its own
+// for Q4_0 and Q4_1 (gemm_q8_lanes.h).
 template <class W>
 void run(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1, int row_tile, int col_tile) {
 #if defined(SP_AVX512)
   if (a.x.qt != nullptr) return run_transposed<W>(a, n0, n1, row_tile, col_tile);
+#else
+  if constexpr (kLanes<W>) {
+    if (a.x.qt != nullptr) return run_lanes<W>(a, n0, n1, row_tile, col_tile);
+  }
 #endif
   const int64_t ct = col_tile > 0 ? col_tile : 1;
   for (int64_t c = n0; c < n1; c += ct) columns<W>(a, c, c + ct < n1 ? c + ct : n1, row_tile);

@@ -34,19 +34,27 @@ bool needs_sums(int path, int qt) {
   return (path >= 2 && (qt == sp::Q4_0 || qt == sp::Q5_0)) || (path == 3 && qt == sp::Q8_0);
 }
 
+// Whether the kernel of path runs qt's weights by the blocks-across-lanes schedule from
+// sp::kQ8InterleaveRows rows (it reads the interleaved activations): every type on the AVX-512
+// path, Q4_0 and Q4_1 on the AVX2 path.
+bool reads_interleaved(int path, int qt) {
+  return path == 3 || (path == 2 && (qt == sp::Q4_0 || qt == sp::Q4_1));
+}
+
 // The Q8 blocks of x (m, k) for the kernel of path: uninitialized scratch, every element
-// written by the quantization; with sums, the integer block sums; on the AVX-512 path from
-// sp::kQ8InterleaveRows rows, the interleaved copy of q its schedule reads (sp_q8_interleave).
+// written by the quantization; with sums, the integer block sums; with interleaved, from
+// sp::kQ8InterleaveRows rows, the interleaved copy of q the lanes schedules read
+// (sp_q8_interleave).
 class Activations {
  public:
-  Activations(const at::Tensor& x, int path, bool sums)
+  Activations(const at::Tensor& x, int path, bool sums, bool interleaved)
       : m_(x.size(0)), k_(x.size(1)), nb_(k_ / 32),
         q_(new int8_t[static_cast<size_t>(m_ * k_)]),
         ds_(new float[static_cast<size_t>(2 * m_ * nb_)]),
         qsum_(sums ? new int32_t[static_cast<size_t>(m_ * nb_)] : nullptr) {
     quantize(path >= 2, x.data_ptr<float>(), m_, k_, q_.get(), ds_.get(), ds_.get() + m_ * nb_,
              qsum_.get());
-    if (path == 3 && m_ >= sp::kQ8InterleaveRows) {
+    if (interleaved && m_ >= sp::kQ8InterleaveRows) {
       qt_.reset(new int8_t[static_cast<size_t>(m_ * ((nb_ + 7) / 8) * 256)]);
       sp_q8_interleave(q_.get(), m_, k_, qt_.get());
     }
@@ -108,7 +116,7 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   const int64_t m = x.size(0);
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
-  const Activations act(x, path, needs_sums(path, qt));
+  const Activations act(x, path, needs_sums(path, qt), reads_interleaved(path, qt));
   const sp::Q8GemmArgs a{qt,
                          act.rows(),
                          blocks.data_ptr<uint8_t>(),
@@ -116,9 +124,10 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
                          bp,
                          y.data_ptr<float>(),
                          n};
-  // default schedule: up to 4 rows (16 on the AVX-512 path) share each decoded weight block;
+  // default schedule: up to 4 rows (8 in the AVX2 lanes schedule, 16 on the AVX-512 path) share
+  // each decoded weight block;
   // column tiles of 8 keep a row tile's activations and a column tile's weights in L1
-  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path == 3 ? 16 : 4;
+  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path == 3 ? 16 : 8;
   const int ct = col_tile > 0 ? static_cast<int>(col_tile) : 8;
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
   at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
@@ -150,7 +159,7 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
   const at::Tensor x = x_in.contiguous();
   check_x(x, k);
   int64_t total = 0;
-  bool sums = false;
+  bool sums = false, interleaved = false;
   const int path = sp::pick_isa(isa);
   const bool avx2 = path >= 2;
   for (size_t p = 0; p < parts; ++p) {
@@ -163,6 +172,7 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
                 "specpilot: blocks must be a contiguous CPU uint8 tensor of ", ns[p] * rb,
                 " bytes");
     sums = sums || needs_sums(path, qt);
+    interleaved = interleaved || reads_interleaved(path, qt);
     total += ns[p];
   }
   const float* bp = nullptr;
@@ -175,7 +185,7 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
   const int64_t m = x.size(0);
   at::Tensor y = at::empty({m, total}, x.options());
   if (m == 0) return y;
-  const Activations act(x, path, sums);
+  const Activations act(x, path, sums, interleaved);
   const sp::Q8Rows rows = act.rows();
   std::vector<sp::Q8GemmArgs> args;
   std::vector<int64_t> off(parts + 1, 0);
@@ -187,7 +197,7 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
                                   y.data_ptr<float>() + off[p], total});
     off[p + 1] = off[p] + ns[p];
   }
-  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path == 3 ? 16 : 4;
+  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path == 3 ? 16 : 8;
   const int ct = col_tile > 0 ? static_cast<int>(col_tile) : 8;
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
   at::parallel_for(0, total, grain, [&](int64_t c0, int64_t c1) {
