@@ -108,6 +108,9 @@ def main() -> int:
                 "goodput": bool(engine.cfg.goodput),
             }
         )
+        if beng.selector is not None:  # the budget's own account of the speculative run
+            summary = beng.selector.summary()
+            rows[-1]["selector"] = {k: v for k, v in summary.items() if k != "curve"}
         print(json.dumps(rows[-1]), flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,12 +13,14 @@ from specpilot.batch import BatchConfig, BatchEngine, BatchRequest
 from specpilot.drafters.base import DraftContext
 from specpilot.drafters.feature_net import FeatureNet
 from specpilot.drafters.head import HeadDrafter
+from specpilot.drafters.suffix import SuffixDrafter
 from specpilot.drafters.trained import (
     build_net,
     load_trained_drafter,
     read_drafter_dir,
     save_drafter,
 )
+from specpilot.drafters.union import UnionDrafter
 from specpilot.engine import Engine, EngineConfig, GenerationConfig, join_chunks
 from specpilot.goodput import CostCurve, Selector
 from specpilot.tree import DraftTree, TreeSpec
@@ -41,9 +43,7 @@ class EveryFew(Selector):
         self.k += 1
         return self.k in self.draft_on
 
-    def select(
-        self, trees: Any, packed: bool = False, drafted: Any = None, regimes: Any = None
-    ) -> list[DraftTree]:
+    def select(self, trees: Any, *args: Any, **kwargs: Any) -> list[DraftTree]:
         return list(trees)
 
 
@@ -84,6 +84,39 @@ def test_skipped_steps_hand_every_state_over_once_and_stay_lossless() -> None:
         seen = 0
         for n, hidden in spy.calls:  # states of entries seen..n-2, in order
             assert len(hidden) == len(TAPS)
+            for h, want in zip(hidden, states, strict=True):
+                assert h.shape[0] == n - 1 - seen
+                torch.testing.assert_close(h, want[seen : n - 1], atol=1e-5, rtol=1e-5)
+            seen = n - 1
+
+
+def test_a_union_drafting_its_copy_part_alone_hands_every_state_to_the_head_once() -> None:
+    """The goodput budget's cheap tier: on the steps the full drafter sits out, a union's copy
+    drafter drafts alone (its trees are verified), and the head still receives the states of
+    every committed token, once and in order, at its next draft; the tokens stay plain's."""
+    target = tiny_model("llama", seed=3, std=0.12)
+    alone = Engine(tiny_model("llama", seed=3, std=0.12), EngineConfig())
+    refs = [alone.generate(p, GEN).tokens for p in PROMPTS]
+    beng = BatchEngine(target, EngineConfig(goodput=True), BatchConfig(max_batch=3, max_len=128))
+    beng.selector = EveryFew({1, 5, 6, 12})
+    spies = [Spy(HeadDrafter(make_net("head", target))) for _ in PROMPTS]
+    unions = [UnionDrafter(SuffixDrafter(), spy) for spy in spies]
+    spec = TreeSpec(kind="chain", k=3)
+    slots = [beng.add(BatchRequest(list(p), GEN, drafter=d, spec=spec))
+             for p, d in zip(PROMPTS, unions, strict=True)]  # fmt: skip
+    cheap_nodes = 0
+    while beng.slots:
+        k = beng.selector.k
+        _, stats = beng.step()
+        if beng.selector.k - k == 1 and beng.selector.k not in beng.selector.draft_on:
+            cheap_nodes += stats.nodes
+    assert [s.res.tokens for s in slots] == refs
+    assert cheap_nodes > 0  # the copy parts' trees were verified on the head's skipped steps
+    for p, ref, spy in zip(PROMPTS, refs, spies, strict=True):
+        assert len(spy.calls) == 4
+        states = alone.hidden_states([*p, *ref], TAPS)
+        seen = 0
+        for n, hidden in spy.calls:
             for h, want in zip(hidden, states, strict=True):
                 assert h.shape[0] == n - 1 - seen
                 torch.testing.assert_close(h, want[seen : n - 1], atol=1e-5, rtol=1e-5)

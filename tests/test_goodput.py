@@ -78,7 +78,7 @@ def test_points_never_observed_follow_the_observed_level() -> None:
 def test_calibration_passes_outlast_a_disturbed_moment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Readings are taken in passes over all row counts, best per count: a disturbance lasting
     as long as one pass slows one reading of each count, never every reading of one count."""
-    import specpilot.goodput as gp
+    import specpilot.goodput.cost as gp
 
     clock = [0.0]
     calls = [0]
@@ -207,6 +207,59 @@ def test_a_new_sequence_drafts_first_and_restarts_the_backoff() -> None:
     sel.begin_sequence()
     assert sel.last is None and sel.should_draft()  # a new prompt: draft its first step
     assert sel.probe_gap == 0 and sel.bound_skips == 0
+
+
+def test_a_tiered_drafter_runs_its_dear_part_every_step_only_while_it_pays() -> None:
+    """The copy part (a chain the target follows) drafts every step; the dear part (2 ms)
+    proposes two more nodes. Unlikely ones: the full drafter stops after the first step and
+    comes back only as a probe, the cheap part's nodes still verified in between. Likely ones:
+    it keeps drafting every step."""
+    curve = CostCurve([1, 2, 4, 8], [0.010, 0.011, 0.013, 0.017])
+    copy = DraftTree.chain([5, 6], [0.0, 0.0])
+
+    def run(p_head: float) -> list[int]:
+        sel = Selector(curve, probe_every=4, max_bound_skips=0)
+        full = DraftTree.chain([5, 6, 7, 8], [0.0, 0.0, math.log(p_head), 2 * math.log(p_head)])
+        fulls = []
+        for step in range(24):
+            if sel.should_draft():
+                fulls.append(step)
+                sel.note_draft(0.002)
+                out = sel.select([full], alternative=[copy])
+            else:
+                sel.note_skip()
+                assert sel.cheap_tier()
+                sel.note_draft(0.0001, cheap=True)
+                out = sel.select([copy], drafted=0, cheap=1)
+                assert out[0].size == 2  # the copy part's nodes pay: verified
+            sel.observe(out, [list(range(out[0].size))], curve(1 + out[0].size))
+        return fulls
+
+    assert run(0.05) == [0, 4, 12]  # probes back off: 4, then 8 steps
+    assert run(0.95) == list(range(24))
+    sel = Selector(curve)
+    sel.note_draft(0.0001, cheap=True)
+    assert sel.cheap_s == 0.0001 and sel.draft_s == 0 and sel.idle == 0
+
+
+def test_a_cheap_part_that_is_not_cheap_drafts_alone_only_while_its_trees_pay() -> None:
+    """A cheap part costing a tenth of a step (past ``cheap_draft``) keeps drafting alone while
+    its choices buy their drafting, and stops once they do not (plain decoding then)."""
+    curve = CostCurve([1, 2, 4, 8], [0.010, 0.011, 0.013, 0.017])
+    sel = Selector(curve)
+    sel.note_draft(0.001, cheap=True)
+    assert not sel.cheap(1) and sel.cheap_tier()  # dear, but not judged yet
+    sure = DraftTree.chain([5, 6, 7], [0.0] * 3)
+    for _ in range(5):
+        assert sel.select([sure], drafted=0, cheap=1)[0].size == 3
+    assert sel.cheap_edge is not None and sel.cheap_edge > 0 and sel.cheap_tier()
+    for _ in range(50):
+        sel.stats.observe(sure, [])  # the copies stopped matching
+    for _ in range(10):
+        sel.select([sure], drafted=0, cheap=1)
+    assert sel.cheap_edge < 0 and not sel.cheap_tier()
+    sel.begin_sequence()
+    assert sel.cheap_tier()  # a new prompt may copy again
 
 
 class WrongDrafter:

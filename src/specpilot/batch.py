@@ -18,7 +18,6 @@ accepted, ``exp(score)`` with the drafter's cumulative log-probability score.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from specpilot.drafters.base import DraftContext, Drafter
+from specpilot.drafters.base import DraftContext, Drafter, Tiered
 from specpilot.engine import (
     EngineConfig,
     GenerationConfig,
@@ -36,12 +35,12 @@ from specpilot.engine import (
     join_chunks,
 )
 from specpilot.errors import ConfigError, ContextLengthError
-from specpilot.goodput import Selector, next_regime
+from specpilot.goodput import Selector, allocate_nodes, next_regime
 from specpilot.goodput.curve import selector_curve
 from specpilot.model import Transformer
 from specpilot.profiling import kernel_range
 from specpilot.sampling import Sampler
-from specpilot.tree import DraftTree, TreeSpec, subtree
+from specpilot.tree import DraftTree, TreeSpec
 from specpilot.verify import VerifyRow, prefill, verify_step
 
 DEFAULT_BUDGET_TABLE: tuple[tuple[int, int], ...] = ((1, 16), (2, 8), (4, 6), (8, 4), (16, 2))
@@ -107,46 +106,6 @@ class BatchConfig:
             raise ConfigError(f"--min-gain must be in [0, 1], got {self.min_gain}")
 
 
-def allocate_nodes(
-    trees: Sequence[DraftTree], total: int, min_gain: float = 0.0
-) -> list[DraftTree]:
-    """Keep at most ``total`` nodes over all ``trees``, the ones of highest expected gain.
-
-    The gain of a node is ``exp(score)`` (its path's acceptance probability under the drafter);
-    ties go to the shallower node, then round-robin over the requests. Nodes of gain below
-    ``min_gain`` are dropped. A node is kept only with its ancestors, so every kept tree stays
-    ancestor-closed.
-
-    >>> a = DraftTree.chain([1, 2, 3], [-0.1, -0.2, -2.0])
-    >>> b = DraftTree.chain([7, 8], [-0.5, -0.6])
-    >>> [t.tokens.tolist() for t in allocate_nodes([a, b], 4)]
-    [[1, 2], [7, 8]]
-    """
-    cands = []
-    for r, t in enumerate(trees):
-        depths = t.depths.tolist()
-        for i, s in enumerate(t.scores.tolist()):
-            cands.append((-math.exp(s), depths[i], i, r))
-    cands.sort()
-    keep: list[set[int]] = [set() for _ in trees]
-    parents = [t.parents.tolist() for t in trees]
-    used = 0
-    for neg_gain, _, i, r in cands:
-        if used >= total or -neg_gain < min_gain:
-            break
-        missing = []
-        node = i
-        while node >= 0 and node not in keep[r]:
-            missing.append(node)
-            node = parents[r][node]
-        if used + len(missing) <= total:
-            keep[r].update(missing)
-            used += len(missing)
-    return [
-        t if len(k) == t.size else subtree(t, sorted(k)) for t, k in zip(trees, keep, strict=True)
-    ]
-
-
 @dataclass
 class BatchRequest:
     """One sequence to decode in a batch."""
@@ -179,6 +138,9 @@ class Slot:
     regime: int = 0
     """The goodput budget's record of this sequence's recent acceptance
     (:func:`specpilot.goodput.next_regime`)."""
+    full_at: int = -1
+    """The engine step after this sequence's last full draft (a draft at that step is one in
+    a row: no catch-up; :meth:`BatchEngine._propose`)."""
 
     @property
     def cache_len(self) -> int:
@@ -229,6 +191,8 @@ class BatchEngine:
         self.selector: Selector | None = None
         """The goodput budget's state (``cfg.goodput``)."""
         self._probe_at = 0
+        self._steps = 0
+        """Batched steps run so far."""
         """Where the next probe starts asking (:meth:`_probe_slots`)."""
 
     # -- admission -----------------------------------------------------------------------------
@@ -330,30 +294,47 @@ class BatchEngine:
 
     def _propose(self) -> list[DraftTree]:
         sel = self._goodput()
-        if sel is not None and not sel.should_draft(len(self.slots)):
+        b = len(self.slots)
+        full = sel is None or sel.should_draft(b)
+        cheap = sel is not None and sel.cheap_tier(b)  # cheap parts draft where full ones do not
+        if sel is not None and not full:
             sel.note_skip()
-            return [DraftTree.empty() for _ in self.slots]
-        trees = []
-        t0 = time.perf_counter()
-        probe = self._probe_slots(sel) if sel is not None and sel.probing else None
+            if not cheap:
+                return [DraftTree.empty() for _ in self.slots]
+        probe = self._probe_slots(sel) if sel is not None and full and sel.probing else None
         asked = None if probe is None else {id(s) for s in probe}
+        trees, alt = [], []
+        spent = dict.fromkeys(("steady", "catchup", "cheap"), 0.0)  # drafting seconds
+        count = dict.fromkeys(spent, 0)
         for s in self.slots:
-            tree = DraftTree.empty()
             d = s.req.drafter
-            if d is not None and (asked is None or id(s) in asked):
+            whole = full and (asked is None or id(s) in asked)
+            tree = DraftTree.empty()
+            if d is not None and (whole or (cheap and isinstance(d, Tiered))):
                 td = time.perf_counter()
                 with kernel_range("drafter"):
                     ctx = DraftContext(s.committed, s.res.prompt_len, s.spec, join_chunks(s.hidden))
-                    tree = d.propose(ctx)
+                    tree = d.propose(ctx) if whole else d.propose_cheap(ctx)  # type: ignore[attr-defined]
                 s.hidden = []  # the drafter has seen these states
-                s.res.draft_s += time.perf_counter() - td
+                dt = time.perf_counter() - td
+                s.res.draft_s += dt
+                kind = "cheap" if not whole else "steady" if s.full_at == self._steps else "catchup"
+                spent[kind] += dt
+                count[kind] += 1
+                if whole:
+                    s.full_at = self._steps + 1
                 assert tree.size <= s.spec.max_nodes, "drafter returned too many nodes"
             trees.append(tree)
+            alt.append(d.last_cheap if whole and isinstance(d, Tiered) else tree)
         if sel is not None:
-            n = len(asked) if asked is not None else sum(1 for s in self.slots if s.req.drafter)
-            sel.note_draft(time.perf_counter() - t0, n)
-            regimes = [s.regime for s in self.slots]
-            return sel.select(trees, packed=self.bcfg.packed, drafted=n, regimes=regimes)
+            for kind, n in count.items():
+                if n:
+                    sel.note_draft(spent[kind], n, cheap=kind == "cheap", catchup=kind == "catchup")
+            tiered = any(isinstance(s.req.drafter, Tiered) for s in self.slots)
+            full_n = count["steady"] + count["catchup"]
+            return sel.select(trees, packed=self.bcfg.packed, drafted=full_n,
+                              cheap=count["cheap"], regimes=[s.regime for s in self.slots],
+                              alternative=alt if full and tiered else None)  # fmt: skip
         if any(t.size for t in trees):
             total = self.bcfg.budget.total(len(self.slots))
             trees = allocate_nodes(trees, total, self.bcfg.min_gain)
@@ -397,6 +378,7 @@ class BatchEngine:
         self._ensure_cache()
         slots = list(self.slots)
         trees = self._propose()
+        self._steps += 1
         taps = tuple(
             sorted({i for s in slots if s.req.drafter for i in s.req.drafter.hidden_layers})
         )

@@ -250,7 +250,8 @@ def _bench_batch(
 
 def _goodput_line(g: dict[str, Any]) -> str:
     return (
-        f"goodput budget: {g['steps']} steps, {g['plain_steps']} plain; verify step predicted "
+        f"goodput budget: {g['steps']} steps, {g['plain_steps']} plain, {g['cheap_steps']} "
+        f"drafted by a cheap part alone; verify step predicted "
         f"{g['predicted_ms']:.1f} ms, measured {g['actual_ms']:.1f} ms (mean of the last steps); "
         f"cost curve {g['curve_source']}"
     )

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from specpilot import kernels
-from specpilot.drafters.base import DraftContext, Drafter
+from specpilot.drafters.base import DraftContext, Drafter, Tiered
 from specpilot.errors import ConfigError, ContextLengthError
 from specpilot.goodput import Selector, next_regime
 from specpilot.goodput.curve import selector_curve
@@ -364,21 +364,29 @@ def _draft(
     res: GenerationResult,
     regime: int = 0,
 ) -> tuple[DraftTree, bool]:
-    """This step's tree (empty without a drafter, or when the goodput budget skips drafting)
-    and whether the drafter proposed (then it has seen the pending hidden states). ``context``
-    builds the drafter's input only when it runs; ``regime``: the sequence's for the budget."""
-    if drafter is None or not (sel is None or sel.should_draft()):
-        if sel is not None:
-            sel.note_skip()
+    """This step's tree (empty without a drafter, or when the goodput budget skips drafting;
+    a tiered drafter's cheap part alone when the budget sits its full drafter out:
+    :class:`specpilot.drafters.base.Tiered`) and whether the drafter proposed (then it has
+    seen the pending hidden states). ``context`` builds the drafter's input only when it runs;
+    ``regime``: the sequence's for the budget."""
+    if drafter is None:
         return _EMPTY, False
+    full = sel is None or sel.should_draft()
+    if sel is not None and not full:
+        sel.note_skip()
+        if not (isinstance(drafter, Tiered) and sel.cheap_tier()):
+            return _EMPTY, False
+    propose = drafter.propose if full or not isinstance(drafter, Tiered) else drafter.propose_cheap
     td = time.perf_counter()
     with kernel_range("drafter"):
-        tree = drafter.propose(context())
+        tree = propose(context())
     dt = time.perf_counter() - td
     res.draft_s += dt
     if sel is not None:
-        sel.note_draft(dt)
-        tree = sel.select([tree], regimes=[regime])[0]
+        sel.note_draft(dt, cheap=not full)
+        alt = [drafter.last_cheap] if full and isinstance(drafter, Tiered) else None
+        tree = sel.select([tree], regimes=[regime], drafted=int(full), cheap=int(not full),
+                          alternative=alt)[0]  # fmt: skip
     return tree, True
 
 

@@ -50,3 +50,19 @@ class Drafter(Protocol):
 
     def finish(self, tokens: list[int]) -> None:
         """The sequence ended with these committed tokens (prompt + output)."""
+
+
+@runtime_checkable
+class Tiered(Protocol):
+    """A drafter with a cheap part that can draft alone while its dear part sits out (the
+    union's copy drafter beside its trained head): the goodput budget runs the cheap part every
+    step and the dear part only where it pays over the cheap part alone
+    (:class:`specpilot.goodput.Selector`). The dear part catches up on the target states of
+    the steps it sat out when it next drafts, so its drafts are the same as if it never had."""
+
+    last_cheap: DraftTree
+    """The cheap part's own tree of the last :meth:`propose` (what the step would have verified
+    had only the cheap part drafted)."""
+
+    def propose_cheap(self, ctx: DraftContext) -> DraftTree:
+        """The cheap part's tree alone (``ctx.hidden`` is kept for the dear part)."""

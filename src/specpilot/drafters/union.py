@@ -99,16 +99,21 @@ class UnionDrafter:
         self.copy_steps = 0
         """Steps answered by the copy drafter alone (``trust``); reports read it."""
         self._pending: list[tuple[Tensor, ...]] = []
+        self.last_cheap = DraftTree.empty()
+        """The copy drafter's own tree in the last :meth:`propose` (the whole budget's when
+        ``trust`` asked it first; :class:`~specpilot.drafters.base.Tiered`)."""
 
     def begin(self, prompt: list[int]) -> None:
         self.copy.begin(prompt)
         self.trained.begin(prompt)
         self._pending = []
+        self.last_cheap = DraftTree.empty()
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         spec = ctx.spec
         if self.trust:
             alone = self.copy.propose(DraftContext(ctx.tokens, ctx.prompt_len, spec))
+            self.last_cheap = alone
             if alone.size and getattr(self.copy, "last_match", 0) >= self.trust:
                 if ctx.hidden:
                     self._pending.append(ctx.hidden)
@@ -121,7 +126,17 @@ class UnionDrafter:
         limit = max(1, int(spec.max_nodes * self.share))
         small = _limit(spec, limit)
         a = self.copy.propose(DraftContext(ctx.tokens, ctx.prompt_len, small))
+        if not self.trust:
+            self.last_cheap = a
         return union_trees(a, b, spec.max_nodes)
+
+    def propose_cheap(self, ctx: DraftContext) -> DraftTree:
+        """The copy drafter's tree alone with the whole budget; the target states of ``ctx``
+        wait for the trained drafter's next draft (:class:`~specpilot.drafters.base.Tiered`)."""
+        if ctx.hidden:
+            self._pending.append(ctx.hidden)
+        self.last_cheap = self.copy.propose(DraftContext(ctx.tokens, ctx.prompt_len, ctx.spec))
+        return self.last_cheap
 
     def _with_pending(self, ctx: DraftContext) -> DraftContext:
         """``ctx`` with the target states of every step the trained drafter skipped."""

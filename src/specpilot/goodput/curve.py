@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from specpilot.errors import ConfigError
-from specpilot.goodput import CostCurve, calibrate_curve, calibration_shape
+from specpilot.goodput.cost import CostCurve, calibrate_curve, calibration_shape
 from specpilot.kernels import build
 from specpilot.kvcache import KVCache
 from specpilot.machine import cache_root, cpu_isa, cpu_model, load_limit, sample_load

@@ -1,0 +1,344 @@
+"""The goodput budget's per-engine state (:class:`Selector`): the cost curve, the acceptance
+statistics, the drafting costs, the last choice with its hysteresis, the probes while plain
+decoding wins, and the tiers of a tiered drafter (its cheap part alone every step, the full
+drafter only while it pays over that)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specpilot.errors import ConfigError
+from specpilot.goodput.acceptance import AcceptanceStats, node_gains
+from specpilot.goodput.choice import Choice, best_nodes, choose, choose_packed
+from specpilot.goodput.cost import CostCurve
+from specpilot.tree import DraftTree, subtree
+
+__all__ = ["Selector"]
+
+
+@dataclass
+class Selector:
+    """Per-engine state of the goodput budget: the curve, the acceptance statistics, the last
+    choice (hysteresis) and the drafting time per step."""
+
+    curve: CostCurve
+    stats: AcceptanceStats = field(default_factory=AcceptanceStats)
+    hysteresis: float = 0.05
+    """A new width replaces the last one only if its predicted goodput is this much higher."""
+    probe_every: int = 8
+    """While plain decoding wins, still draft every this many steps to keep the estimates
+    fresh (the drafter sees every committed token either way)."""
+    max_probe_gap: int = 64
+    """A probe that still chooses plain decoding doubles the gap to the next one, up to this
+    many steps (a probe drafts for every sequence: at a large batch, where a node rarely pays,
+    probing every ``probe_every`` steps costs more than it finds); choosing nodes resets it."""
+    probe_gap: int = 0
+    """Steps between probes now (0: ``probe_every``)."""
+    draft_s: float = 0.0
+    """Moving average of drafting seconds per drafting sequence on a step after a drafted one
+    (a step's drafting costs this times the sequences that draft, while the drafter drafts
+    every step; the first reading of any kind until such a step is seen)."""
+    probe_s: float = 0.0
+    """The same for drafts after skipped steps or at a prompt, where the drafter first
+    catches up on the target states it missed (a head drafted in ~3 ms a step and in 10-25 ms
+    after a gap: counted in one average, that held it off where it paid)."""
+    _fresh: bool = True
+    _steady: bool = False
+    probe_sequences: int = 4
+    """A probe (a draft while plain decoding wins) asks at most this many sequences of a batch,
+    in turn: each drafter proposing also catches up on the target states of the steps it
+    skipped, and a large batch paid that for every sequence at every probe. Their gains decide;
+    once nodes are chosen again, every sequence drafts."""
+    last: Choice | None = None
+    idle: int = 0
+    """Steps since the selector last drafted."""
+    curve_source: str = "measured"
+    """Where the curve came from (:attr:`specpilot.goodput.curve.MeasuredCurve.source`)."""
+    log: list[tuple[int, int, float, float]] = field(default_factory=list)
+    """(batch, rows, predicted verify s, actual verify s) of the last steps (metrics,
+    reports)."""
+    steps: int = 0
+    plain_steps: int = 0
+    """Steps verified without draft nodes."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.hysteresis < 1:
+            raise ConfigError(f"goodput hysteresis must be in [0, 1), got {self.hysteresis}")
+        if self.probe_every < 1:
+            raise ConfigError(f"goodput probe_every must be >= 1, got {self.probe_every}")
+
+    recent: list[list[float]] = field(default_factory=list)
+    """The calibrated gains of the trees drafted lately (up to ``recent_trees``, the best
+    ``probe_sequences`` of a step): the best case :meth:`could_pay` judges by."""
+    recent_trees: int = 16
+    max_bound_skips: int = 2
+    """Probes in a row :meth:`could_pay` may skip (then one runs anyway: the trees it judges
+    by are only refreshed by drafting, and a new context may suit the drafter again)."""
+    bound_skips: int = 0
+    cheap_draft: float = 0.03
+    """Drafting that costs at most this fraction of a plain step (all drafting sequences
+    together) runs every step, for every sequence, even while plain decoding wins: probing by
+    backoff saves next to nothing there and misses the start of a copy run (a suffix drafter
+    drafts in ~0.1 ms against an 8 ms step)."""
+    _every: bool = False
+    cheap_s: float = 0.0
+    """Moving average of a tiered drafter's cheap part drafting alone, seconds per sequence
+    (:class:`specpilot.drafters.base.Tiered`)."""
+    full_pays: bool | None = None
+    """The last full draft's verdict against its cheap part alone (a tiered drafter): whether
+    the dear part's nodes bought their drafting; None: no such comparison, the verdict is
+    whether the last choice verified nodes at all (:attr:`full_on`)."""
+    cheap_steps: int = 0
+    """Steps whose trees came from cheap parts only."""
+    edge: float = 0.0
+    """Moving average of log(full choice's goodput / cheap parts' choice's) over the full
+    drafts of tiered drafters while the full drafter runs every step; a probe starts it afresh
+    (:meth:`_full_edge`)."""
+    edge_smoothing: float = 0.3
+    cheap_edge: float | None = None
+    """Moving average of log(goodput of the cheap parts' choice, their drafting included /
+    plain decoding's) over the steps they drafted alone and, as the alternative, the full
+    drafts of tiered drafters (:meth:`cheap_tier`); None until the first."""
+
+    @property
+    def full_on(self) -> bool | None:
+        """Whether the full drafter runs every step (None: not known yet, the first step)."""
+        if self.last is None:
+            return None
+        return self.full_pays if self.full_pays is not None else self.last.width > 0
+
+    def cheap_tier(self, batch: int = 1) -> bool:
+        """Whether a tiered drafter's cheap part drafts alone for ``batch`` sequences on a step
+        the full drafter sits out: while its cost is at most :attr:`cheap_draft` of a plain
+        step, or while its trees pay for their drafting (:attr:`cheap_edge`: not yet known, or
+        above 0; at batch 4 a suffix drafter's 0.3-0.4 ms a sequence is a tenth of a step, and
+        its copy runs still paid for it)."""
+        if self.cheap_s * batch <= self.cheap_draft * self.curve(batch):
+            return True
+        return self.cheap_edge is None or self.cheap_edge > 0
+
+    def cheap(self, batch: int = 1) -> bool:
+        """Whether drafting for ``batch`` sequences is cheap enough to run every step
+        (:attr:`cheap_draft`; False while its cost is unmeasured)."""
+        return 0 < self.draft_s * batch <= self.cheap_draft * self.curve(batch)
+
+    def should_draft(self, batch: int = 1) -> bool:
+        """Whether to run the drafter this step for a batch of ``batch`` sequences (False while
+        plain decoding wins, except for a probe every ``probe_every`` steps, backing off; a
+        probe that even the best case seen lately says cannot pay is skipped, at most
+        ``max_bound_skips`` in a row, and backs off like one that chose plain decoding: see
+        :meth:`could_pay`; a new sequence starts the backoff afresh, :meth:`begin_sequence`).
+        Cheap drafting (:meth:`cheap`) always runs."""
+        gap = self.probe_gap or self.probe_every
+        self._every = self.cheap(batch)
+        if self.full_on is not False or self._every:
+            return True
+        if self.idle + 1 < gap:
+            return False
+        if self.bound_skips < self.max_bound_skips and not self.could_pay(batch):
+            self.bound_skips += 1
+            self.idle = -1  # the caller's note_skip makes it 0: counted as after a probe
+            self._next_probe(0)
+            return False
+        self.bound_skips = 0
+        return True
+
+    def begin_sequence(self) -> None:
+        """A new context (a single sequence, or the first of a batch that was empty): its first
+        step drafts (a fresh prompt may suit the drafter, whatever the last one did) and the
+        probes' backoff starts afresh."""
+        self.idle, self.probe_gap, self.bound_skips, self.last = 0, 0, 0, None
+        self.full_pays, self.cheap_edge, self._fresh = None, None, True
+
+    def could_pay(self, batch: int = 1) -> bool:
+        """Whether a probe of ``batch`` sequences could choose nodes in the best case seen
+        lately: each sequence a probe asks (``probe_sequences``) proposing the tree of highest
+        expected acceptance among the last ``recent_trees`` drafted (their calibrated gains), at
+        the measured drafting cost. At a large batch a drafted sequence's extra
+        tokens rarely buy its drafting time, and a probe there was pure cost. True while nothing
+        is known (no drafting time or acceptance measured yet)."""
+        cost = self.probe_s or self.draft_s  # a probe's drafter catches up first
+        if cost <= 0 or not self.recent:
+            return True
+        k = min(batch, max(1, self.probe_sequences))
+        best = max(self.recent, key=sum)  # gains as calibrated when drafted
+        gains = [best] * k + [[] for _ in range(batch - k)]
+        if batch > 1:
+            return choose_packed(gains, self.curve, cost * k)[0].width > 0
+        return choose(gains, self.curve, cost).width > 0
+
+    def _next_probe(self, paid: bool) -> None:
+        """Back off after a probe whose full draft did not pay; reset once one does."""
+        if paid:
+            self.probe_gap = self.probe_every
+        elif self.full_on is False:
+            gap = self.probe_gap or self.probe_every
+            self.probe_gap = min(max(self.max_probe_gap, self.probe_every), 2 * gap)
+
+    def select(self, trees: Sequence[DraftTree], packed: bool = False,
+               drafted: int | None = None, regimes: Sequence[int] | None = None,
+               cheap: int = 0,
+               alternative: Sequence[DraftTree] | None = None) -> list[DraftTree]:  # fmt: skip
+        """Cut every tree to this step's budget (all empty for plain decoding); ``packed``: the
+        verify costs the rows the trees have (:func:`choose_packed`), else B x the widest.
+        ``drafted``: sequences whose full drafter ran (default: all; a probe asks fewer);
+        ``cheap``: sequences whose tiered drafter's cheap part drafted alone; ``regimes``: each
+        sequence's (:func:`next_regime`; default 0). ``alternative``: on a step with full drafts
+        by tiered drafters, each sequence's cheap-part tree (the others' own trees): the full
+        drafter keeps drafting every step only while its choice beats the alternative's."""
+        regimes = regimes if regimes is not None else [0] * len(trees)
+        gains = [node_gains(t, self.stats, r) for t, r in zip(trees, regimes, strict=True)]
+        full = len(trees) if drafted is None else drafted
+        draft_s = self.draft_s * full + self.cheap_s * cheap
+        packed = packed and len(trees) > 1
+        new, counts = self._choose(gains, draft_s, packed)
+        if full:
+            drafted_gains = sorted((g for g in gains if g), key=sum, reverse=True)
+            fresh = drafted_gains[: self.probe_sequences]
+            self.recent = [*self.recent, *fresh][-self.recent_trees :]
+            paid = new.width > 0
+            if alternative is not None:
+                alt_gains = [node_gains(t, self.stats, r)
+                             for t, r in zip(alternative, regimes, strict=True)]  # fmt: skip
+                alt = self._choose(alt_gains, self.cheap_s * (full + cheap), packed, False)[0]
+                paid = self._full_edge(new, alt)
+                self._cheap_edge(alt, self.cheap_s * (full + cheap), len(trees))
+            self._next_probe(paid)
+            self.full_pays = paid if alternative is not None else None
+        if not full and cheap:
+            self.cheap_steps += 1
+            self._cheap_edge(new, draft_s, len(trees))
+        self.last = new
+        out = []
+        for t, g, k in zip(trees, gains, counts, strict=True):
+            keep = best_nodes(t, g, k)
+            out.append(t if len(keep) == t.size else subtree(t, keep))
+        return out
+
+    def _full_edge(self, full: Choice, alt: Choice) -> bool:
+        """Whether the full drafter pays over its cheap parts alone: the moving average of
+        their goodputs' log ratio (one step's trees are a noisy sample of the drafter's worth:
+        a head that adds a token on half the steps stopped at the first step it added none)
+        above 0 while it runs every step, above the hysteresis to start again after a
+        probe."""
+        if full.goodput <= 0 or alt.goodput <= 0:
+            return False
+        x = math.log(full.goodput / alt.goodput)
+        on = self.full_on is True and self.full_pays is not None
+        self.edge = (1 - self.edge_smoothing) * self.edge + self.edge_smoothing * x if on else x
+        return self.edge > (0.0 if on else math.log1p(self.hysteresis))
+
+    def _cheap_edge(self, c: Choice, draft_s: float, batch: int) -> None:
+        """Fold one step's cheap-part choice into :attr:`cheap_edge` (its drafting is spent
+        even where it chose plain decoding)."""
+        spent = c.predicted_s + (draft_s if c.width == 0 else 0.0)
+        plain = batch / self.curve(batch)
+        if spent <= 0 or plain <= 0:
+            return
+        x = math.log(c.predicted_tokens / spent / plain)
+        old = self.cheap_edge
+        a = self.edge_smoothing
+        self.cheap_edge = x if old is None else (1 - a) * old + a * x
+
+    def _choose(self, gains: list[list[float]], draft_s: float, packed: bool,
+                hold: bool = True) -> tuple[Choice, list[int]]:  # fmt: skip
+        """This step's choice and nodes per sequence (:func:`choose_packed` or :func:`choose`);
+        ``hold``: with hysteresis against the last choice's width."""
+
+        def pick(limit: int | None) -> tuple[Choice, list[int]]:
+            if packed:
+                return choose_packed(gains, self.curve, draft_s, limit)
+            c = choose(gains, self.curve, draft_s, limit)
+            return c, [c.width] * len(gains)
+
+        new = pick(None)
+        keep = self.last.width if self.last is not None and hold else new[0].width
+        if keep != new[0].width and (packed or keep <= max(map(len, gains), default=0)):
+            old = pick(keep)
+            if new[0].goodput <= old[0].goodput * (1 + self.hysteresis):
+                new = old
+        return new
+
+    @property
+    def probing(self) -> bool:
+        """This draft is a probe: the last choice was plain decoding, and drafting is not
+        cheap enough to run for every sequence (:meth:`cheap`)."""
+        return self.full_on is False and not self._every
+
+    def note_draft(self, seconds: float, sequences: int = 1, cheap: bool = False,
+                   catchup: bool | None = None) -> None:  # fmt: skip
+        """``seconds`` of drafting by ``sequences`` drafters this step; ``cheap``: by tiered
+        drafters' cheap parts alone (the full drafter sat the step out: :meth:`note_skip`);
+        ``catchup``: drafters that did not draft the step before (a prompt, skipped steps:
+        they caught up first; None: judged by this selector's own last steps, right for one
+        sequence)."""
+        per = seconds / max(1, sequences)
+        if cheap:
+            self.cheap_s = _average(self.cheap_s, per)
+            return
+        if catchup is None:
+            catchup = self.idle > 0 or self._fresh
+        if catchup:
+            self.probe_s = _average(self.probe_s, per)
+            if self.draft_s == 0:
+                self.draft_s = per
+        else:
+            self.draft_s = per if not self._steady else _average(self.draft_s, per)
+            self._steady = True
+        self.idle, self._fresh = 0, False
+
+    def note_skip(self) -> None:
+        self.idle += 1
+
+    def observe(
+        self,
+        trees: Sequence[DraftTree],
+        paths: Sequence[Sequence[int]],
+        verify_s: float,
+        packed: bool = False,
+        regimes: Sequence[int] | None = None,
+    ) -> None:
+        """After a step: acceptance statistics (each tree in the regime it was selected in) and
+        the curve at the step's rows."""
+        regimes = regimes if regimes is not None else [0] * len(trees)
+        for t, p, r in zip(trees, paths, regimes, strict=True):
+            self.stats.observe(t, p, r)
+        width = max((t.size for t in trees), default=0)
+        rows = len(trees) + sum(t.size for t in trees) if packed else len(trees) * (1 + width)
+        self.log.append((len(trees), rows, self.curve(rows), verify_s))
+        del self.log[:-256]
+        self.steps += 1
+        self.plain_steps += width == 0
+        self.curve.observe(rows, verify_s)
+
+    def summary(self) -> dict[str, Any]:
+        """Steps, plain steps, mean predicted and measured verify time of the logged steps, the
+        curve and whether it was measured or cached (what ``bench`` and ``/metrics`` show)."""
+        n = max(len(self.log), 1)
+        return {
+            "steps": self.steps,
+            "plain_steps": self.plain_steps,
+            "cheap_steps": self.cheap_steps,
+            "draft_ms": 1e3 * self.draft_s,
+            "probe_draft_ms": 1e3 * self.probe_s,
+            "cheap_draft_ms": 1e3 * self.cheap_s,
+            "predicted_ms": 1e3 * sum(e[2] for e in self.log) / n,
+            "actual_ms": 1e3 * sum(e[3] for e in self.log) / n,
+            "mean_rows": sum(e[1] for e in self.log) / n,
+            "curve": {"rows": list(self.curve.rows), "seconds": list(self.curve.seconds)},
+            "curve_source": self.curve_source,
+        }
+
+
+def _average(mean: float, x: float) -> float:
+    """Moving average of drafting seconds (0 = none yet); one reading counts at most 4x the
+    mean (a collection or a stalled core made one suffix draft of ~0.2 ms take 120 ms, and the
+    average then held the cheap part dear for ~20 steps).
+
+    >>> _average(0.0, 0.5), round(_average(1.0, 2.0), 6), round(_average(1.0, 100.0), 6)
+    (0.5, 1.2, 1.6)
+    """
+    return x if mean == 0 else 0.8 * mean + 0.2 * min(x, 4 * mean)
