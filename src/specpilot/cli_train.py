@@ -67,6 +67,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--draft-vocab", type=int, default=8192, help="reduced output vocabulary (0 = full)"
     )
     p.add_argument("--taps", default=None, help="tapped target layers, e.g. 2,15,30")
+    p.add_argument(
+        "--tap-norm",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="RMS-normalize each tapped state before the fuse (auto: when their scales differ "
+        "by more than 32x, as Gemma 3's; fixed by a work directory's first run)",
+    )
     p.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for tau")
     p.add_argument("--eval-tokens", type=int, default=64, help="tokens per held-out prompt")
     p.add_argument("--eval-budget", type=int, default=32, help="node budget for held-out tau")
@@ -175,6 +182,7 @@ def _config(args: argparse.Namespace) -> Any:
         ffn=args.ffn,
         draft_vocab=args.draft_vocab,
         taps=taps,
+        tap_norm=args.tap_norm,
         eval_prompts=args.eval_prompts,
         eval_tokens=args.eval_tokens,
         eval_budget=args.eval_budget,

@@ -11,6 +11,10 @@ target's tapped hidden states at ``j`` (which predict token ``j+1``) with the em
 
     x_j = in_proj([norm_e(embed(t[j+1])) ; norm_g(g_j)]),  g_j = fuse(concat(taps_j))
 
+With ``tap_norm`` each tapped state is RMS-normalized (no weight) before the fuse: Gemma 3's
+residual stream reaches ~1e5 at its middle layer against ~5 at its final normed state, a spread
+of scales a linear fuse from a small initialization cannot learn past.
+
 For deeper draft tokens the head uses its own output state in place of ``g`` (EAGLE-3's
 training-time test); the block drafter appends ``block`` mask rows that see every entry and each
 other (non-causal within the block).
@@ -69,6 +73,8 @@ class FeatureNetConfig:
     """Block drafter: tokens predicted per forward (0 for the head)."""
     draft_vocab: int = 0
     """Tokens of the reduced output vocabulary (0 = the whole target vocabulary)."""
+    tap_norm: bool = False
+    """RMS-normalize each tapped state (no weight) before the fuse (see the module docstring)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form facts stored with the drafter (target fingerprint, training figures)."""
 
@@ -311,11 +317,16 @@ class FeatureNet(nn.Module):
         self._packed_at = versions
         return True
 
+    def feature(self, taps: Tensor) -> Tensor:
+        """The fused feature ``g`` (B, T, dim) of tapped states (B, T, n_taps, dim)."""
+        b, t, n, d = taps.shape
+        if self.cfg.tap_norm:
+            taps = F.rms_norm(taps, (d,), eps=self.cfg.rms_eps)
+        return fast_linear(self, "fuse", taps.reshape(b, t, n * d))
+
     def entries(self, taps: Tensor, next_tokens: Tensor) -> Tensor:
         """Entry inputs (B, T, dim) from tapped states (B, T, n_taps, dim) and tokens (B, T)."""
-        b, t, n, d = taps.shape
-        g = fast_linear(self, "fuse", taps.reshape(b, t, n * d))
-        return self.step_input(g, next_tokens)
+        return self.step_input(self.feature(taps), next_tokens)
 
     def step_input(self, g: Tensor, tokens: Tensor) -> Tensor:
         """Layer input from a feature ``g`` (B, T, dim) and the token that follows it (B, T)."""

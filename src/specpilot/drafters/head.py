@@ -220,7 +220,7 @@ def head_unroll(
     assert taps.shape[:2] == (b, t), (taps.shape, tokens.shape)
     n = t - 1
     dev = tokens.device
-    g = net.fuse(taps[:, :n].reshape(b, n, -1))  # (B, n, dim)
+    g = net.feature(taps[:, :n])  # (B, n, dim)
     keys: list[list[tuple[Tensor, Tensor]]] = [[] for _ in net.layers]
     out: list[tuple[Tensor, Tensor]] = []
     for s in range(min(steps, n)):

@@ -26,7 +26,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from specpilot.training import data as D
 from specpilot.training.evaluate import evaluate
 from specpilot.training.features import (
     Sequence,
+    feature_format,
     generate_batch,
     load_shard,
     save_shard,
@@ -86,6 +87,9 @@ class TrainConfig:
     draft_vocab: int = 8192
     taps: tuple[int, ...] = ()
     """() = low / mid / final layers of the target."""
+    tap_norm: str = "auto"
+    """RMS-normalize each tap before the fuse: on / off / auto (on when the target's tapped
+    states differ in scale by more than 32x, as Gemma 3's; fixed per work directory)."""
     eval_prompts: int = 16
     eval_tokens: int = 64
     eval_budget: int = 32
@@ -108,6 +112,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.kind == "block" and self.block < 2:
             raise ConfigError("--block must be >= 2")
+        if self.tap_norm not in ("auto", "on", "off"):
+            raise ConfigError(f"--tap-norm must be auto, on or off, got {self.tap_norm!r}")
 
 
 @dataclass
@@ -183,7 +189,8 @@ def train_drafter(
         )
     n_eval = min(cfg.eval_prompts, max(len(prompts) - 1, 0))
     train_p, eval_p = D.split(prompts, n_eval, cfg.seed) if n_eval else (prompts, [])
-    _collect(model, tok, train_p, cfg, store, work, st, report)
+    fmt = _features(model, tok, train_p, cfg, store, taps, work, st)
+    _collect(model, tok, train_p, cfg, store, work, st, report, getattr(torch, fmt["dtype"]))
     seqs = [s for f in sorted((work / "data").glob("shard_*.safetensors")) for s in load_shard(f)]
     seqs = [s for s in seqs if len(s.tokens) >= 3]
     if not seqs:
@@ -195,7 +202,7 @@ def train_drafter(
         st.d["vocab"] = vocab.tolist()
         st.save()
 
-    net = _new_net(loaded, cfg, taps, vocab)
+    net = _new_net(loaded, cfg, taps, vocab, bool(fmt["tap_norm"]))
     eval_ids = [tok.encode_prompt(p.text, chat=p.chat) for p in eval_p]
     if "eval_init" not in st.d:
         report("evaluate", 0, 1, {})
@@ -213,7 +220,9 @@ def train_drafter(
     return TrainResult(out, steps, train_s, n_tokens, st.d["eval_init"], final, aside)
 
 
-def _new_net(loaded: Any, cfg: TrainConfig, taps: tuple[int, ...], vocab: Tensor) -> FeatureNet:
+def _new_net(
+    loaded: Any, cfg: TrainConfig, taps: tuple[int, ...], vocab: Tensor, tap_norm: bool
+) -> FeatureNet:
     """A freshly initialized drafter network for the target, its embedding and LM head attached."""
     model = loaded.model
     net_cfg = FeatureNetConfig(
@@ -229,6 +238,7 @@ def _new_net(loaded: Any, cfg: TrainConfig, taps: tuple[int, ...], vocab: Tensor
         rms_eps=model.cfg.rms_eps,
         block=cfg.block if cfg.kind == "block" else 0,
         draft_vocab=len(vocab),
+        tap_norm=tap_norm,
         extra={"target_fingerprint": loaded.fingerprint, "target": Path(loaded.source).name},
     )
     net = FeatureNet(net_cfg)
@@ -237,6 +247,33 @@ def _new_net(loaded: Any, cfg: TrainConfig, taps: tuple[int, ...], vocab: Tensor
     net.to(model.device)  # trained in fp32 on the target's device
     net.attach(model.model.embed_tokens.weight, model.head_weight())
     return net
+
+
+def _features(
+    model: Any,
+    tok: Any,
+    prompts: list[Any],
+    cfg: TrainConfig,
+    store: tuple[int, ...],
+    taps: tuple[int, ...],
+    work: Path,
+    st: _State,
+) -> dict[str, Any]:
+    """The features' storage dtype and ``tap_norm``, fixed at a work directory's first run (a
+    probe of the target's states on a few training prompts and a text window); work directories
+    from before the choice was kept hold fp16 shards of a net without ``tap_norm``."""
+    if "features" not in st.d:
+        if st.d.get("shards", 0) or (work / "ckpt.pt").exists():
+            fmt: dict[str, Any] = {"dtype": "float16", "tap_norm": False}
+        else:
+            windows = [tok.encode_prompt(p.text, chat=p.chat)[:256] for p in prompts[:4]]
+            windows += _text_windows(tok, replace(cfg, text_tokens=256, text_window=256))
+            fmt = feature_format(model, windows, store, taps)
+        if cfg.tap_norm != "auto":
+            fmt["tap_norm"] = cfg.tap_norm == "on"
+        st.d["features"] = fmt
+        st.save()
+    return st.d["features"]
 
 
 def _collect(
@@ -248,6 +285,7 @@ def _collect(
     work: Path,
     st: _State,
     report: Progress,
+    dtype: torch.dtype,
 ) -> None:
     """Phase 1: generate shards until the generation budget or the prompts run out.
 
@@ -265,7 +303,7 @@ def _collect(
         ids = [tok.encode_prompt(p.text, chat=p.chat) for p in batch]
         ids = [i for i in ids if 1 < len(i) <= cfg.max_prompt_tokens]
         ids.sort(key=len)
-        seqs = generate_batch(model, ids, cfg.max_new_tokens, store, eos) if ids else []
+        seqs = generate_batch(model, ids, cfg.max_new_tokens, store, eos, dtype) if ids else []
         if seqs:
             save_shard(work / "data" / f"shard_{shard:05d}.safetensors", seqs)
             shard += 1
@@ -277,7 +315,7 @@ def _collect(
     if "text" in cfg.sources and cfg.text_tokens > 0 and not st.d.get("text_done"):
         windows = _text_windows(tok, cfg)
         for i in range(0, len(windows), 8):
-            seqs = teacher_forced(model, windows[i : i + 8], store)
+            seqs = teacher_forced(model, windows[i : i + 8], store, dtype)
             save_shard(work / "data" / f"shard_{shard:05d}.safetensors", seqs)
             shard += 1
             st.d["shards"] = shard

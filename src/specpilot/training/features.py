@@ -7,7 +7,8 @@ the final normed state, from which the target's next-token distribution is recom
 Batched generation left-pads prompts: row ``b`` starts at slot ``pad_b``, positions count from
 there, and keys before ``pad_b`` are masked out (a padding row attends to itself only, so every
 cached value stays finite). Features are stored in fp16 shards (:func:`save_shard`), so a killed
-run keeps what it generated.
+run keeps what it generated; in bf16 where the target's states do not fit fp16 (Gemma 3's middle
+layers pass 65,504): :func:`feature_format` decides once per work directory.
 """
 
 from __future__ import annotations
@@ -28,7 +29,33 @@ class Sequence:
     tokens: Tensor
     """(L,) long token ids."""
     feats: Tensor
-    """(L, n_store, dim) fp16 target hidden states at each position."""
+    """(L, n_store, dim) fp16 (or bf16) target hidden states at each position."""
+
+
+FP16_HEADROOM = 8.0
+"""Features are stored in fp16 only if the probe's largest state times this fits fp16."""
+TAP_NORM_SPREAD = 32.0
+"""``tap_norm`` (auto) is on when the tapped states' RMS differ by more than this factor."""
+
+
+@torch.no_grad()
+def feature_format(
+    model: Transformer, windows: Seq[list[int]], layers: tuple[int, ...], taps: tuple[int, ...]
+) -> dict[str, object]:
+    """Storage dtype and the ``tap_norm`` suggestion from the target's states on ``windows``:
+    ``{"dtype": "float16" | "bfloat16", "tap_norm": bool, "max_abs": float, "tap_rms": [...]}``."""
+    s = [teacher_forced(model, [w], layers, dtype=torch.float32)[0] for w in windows if w]
+    f = torch.cat([q.feats for q in s])  # (L, n_store, dim)
+    max_abs = float(f.abs().max())
+    rms = [float(f[:, layers.index(t)].pow(2).mean().sqrt()) for t in taps]
+    fits = max_abs * FP16_HEADROOM < float(torch.finfo(torch.float16).max)
+    spread = max(rms) / max(min(rms), 1e-30)
+    return {
+        "dtype": "float16" if fits else "bfloat16",
+        "tap_norm": spread > TAP_NORM_SPREAD,
+        "max_abs": max_abs,
+        "tap_rms": rms,
+    }
 
 
 @torch.no_grad()
@@ -38,6 +65,7 @@ def generate_batch(
     max_new: int,
     layers: tuple[int, ...],
     eos_ids: Seq[int] = (),
+    dtype: torch.dtype = torch.float16,
 ) -> list[Sequence]:
     """Greedy continuations of ``prompts`` in one batch, with hidden states of ``layers``.
 
@@ -58,7 +86,7 @@ def generate_batch(
     mask = causal_mask(0, p_max, p_max, dev) & (cols[None, None, :] >= pad[:, None, None])
     mask = mask | torch.eye(p_max, dtype=torch.bool, device=dev)[None]  # (B, P, P)
     out = model(ids, pos, 0, p_max, mask, logits_rows=slice(p_max - 1, p_max), hidden_layers=layers)
-    feats = [torch.stack(out.hidden, dim=2).to(torch.float16)]  # (B, P, n, d)
+    feats = [torch.stack(out.hidden, dim=2).to(dtype)]  # (B, P, n, d)
     nxt = out.logits[:, -1].argmax(-1)  # (B,)
     gen = [nxt]
     eos = torch.tensor(sorted(set(eos_ids)) or [-1], device=dev)
@@ -77,7 +105,7 @@ def generate_batch(
             m,
             hidden_layers=layers,
         )
-        feats.append(torch.stack(o.hidden, dim=2).to(torch.float16))
+        feats.append(torch.stack(o.hidden, dim=2).to(dtype))
         fed += 1
         nxt = o.logits[:, -1].argmax(-1)
         gen.append(nxt)
@@ -96,7 +124,10 @@ def generate_batch(
 
 @torch.no_grad()
 def teacher_forced(
-    model: Transformer, windows: Seq[list[int]], layers: tuple[int, ...]
+    model: Transformer,
+    windows: Seq[list[int]],
+    layers: tuple[int, ...],
+    dtype: torch.dtype = torch.float16,
 ) -> list[Sequence]:
     """Hidden states of ``layers`` over equal-length token windows (one batched forward)."""
     t = len(windows[0])
@@ -108,7 +139,7 @@ def teacher_forced(
     out = model(
         ids, pos, 0, t, causal_mask(0, t, t, dev), logits_rows=slice(0, 0), hidden_layers=layers
     )
-    feats = torch.stack(out.hidden, dim=2).to(torch.float16).cpu()
+    feats = torch.stack(out.hidden, dim=2).to(dtype).cpu()
     return [Sequence(ids[i].cpu().clone(), feats[i].clone()) for i in range(len(windows))]
 
 

@@ -123,6 +123,7 @@ def training_record(
             "sequences": len(seqs),
             "tokens": sum(len(s.tokens) for s in seqs),
             "disjoint_from": ["humaneval", "chat"],
+            "features": st.d.get("features"),
         },
         "target": {"source": loaded.source, "fingerprint": loaded.fingerprint},
         "wall_s": round(st.wall(), 1),  # every run of this work directory
