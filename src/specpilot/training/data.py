@@ -21,6 +21,7 @@ import re
 import sysconfig
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from specpilot.errors import WorkloadError
 from specpilot.workloads import Prompt, load_workload
@@ -300,3 +301,16 @@ def check_disjoint(prompts: Sequence[Prompt], n: int = 8) -> None:
 def iter_batches(items: Sequence[list[int]], size: int) -> Iterator[list[list[int]]]:
     for i in range(0, len(items), size):
         yield list(items[i : i + size])
+
+
+def text_windows(tok: Any, text_tokens: int, window: int, seed: int) -> list[list[int]]:
+    """``text_tokens // window`` windows of ``window`` token ids cut from :func:`text_chunks`."""
+    out: list[list[int]] = []
+    need = text_tokens // window
+    for text in text_chunks(seed=seed):
+        ids = tok.encode(text)
+        for i in range(0, len(ids) - window + 1, window):
+            out.append(ids[i : i + window])
+            if len(out) >= need:
+                return out
+    return out

@@ -26,7 +26,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -267,7 +267,7 @@ def _features(
             fmt: dict[str, Any] = {"dtype": "float16", "tap_norm": False}
         else:
             windows = [tok.encode_prompt(p.text, chat=p.chat)[:256] for p in prompts[:4]]
-            windows += _text_windows(tok, replace(cfg, text_tokens=256, text_window=256))
+            windows += D.text_windows(tok, 256, 256, cfg.seed)
             fmt = feature_format(model, windows, store, taps)
         if cfg.tap_norm != "auto":
             fmt["tap_norm"] = cfg.tap_norm == "on"
@@ -313,7 +313,7 @@ def _collect(
         st.save()
         report("generate", min(gen_s, budget), budget, {"prompts": nxt, "of": total})
     if "text" in cfg.sources and cfg.text_tokens > 0 and not st.d.get("text_done"):
-        windows = _text_windows(tok, cfg)
+        windows = D.text_windows(tok, cfg.text_tokens, cfg.text_window, cfg.seed)
         for i in range(0, len(windows), 8):
             seqs = teacher_forced(model, windows[i : i + 8], store, dtype)
             save_shard(work / "data" / f"shard_{shard:05d}.safetensors", seqs)
@@ -334,18 +334,6 @@ def _saved_vocab(work: Path, st: _State) -> Tensor | None:
         c = torch.load(ckpt, map_location="cpu", weights_only=False)
         return c["net"]["vocab_ids"].clone()
     return None
-
-
-def _text_windows(tok: Any, cfg: TrainConfig) -> list[list[int]]:
-    out: list[list[int]] = []
-    need = cfg.text_tokens // cfg.text_window
-    for text in D.text_chunks(seed=cfg.seed):
-        ids = tok.encode(text)
-        for i in range(0, len(ids) - cfg.text_window + 1, cfg.text_window):
-            out.append(ids[i : i + cfg.text_window])
-            if len(out) >= need:
-                return out
-    return out
 
 
 def _draft_vocab(seqs: list[Sequence], k: int, vocab_size: int, tok: Any) -> Tensor:
