@@ -195,6 +195,31 @@ def test_vector_paths_equal_portable_for_all_counts_tiles_threads_and_extremes(
         torch.set_num_threads(prev)
 
 
+@pytest.mark.skipif(not AVX2, reason="no AVX2 here")
+@pytest.mark.parametrize("isa", VECTOR)
+@pytest.mark.parametrize("name", QUANT)
+def test_vector_paths_equal_portable_on_long_rows(name: str, isa: str) -> None:
+    """Rows past 1024 elements (the AMX path's second row threshold) with a trailing group,
+    column counts that leave partial 16-column strips per thread, row tiles of 16 and a
+    remainder: bit for bit, 1 and 2 threads."""
+    n = 37
+    k = k_for(name, 6 if name in BLOCK else 53)  # 53 blocks: six groups of 8 and a tail of 5
+    raw = as_tensor(extreme_weight(name, n, k, seed=40))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(41))
+    prev = torch.get_num_threads()
+    try:
+        for m in (4, 5, 6, 7, 16, 17, 33):
+            x = extreme_rows(m, k, seed=42 + m)
+            ref = int8.gguf_matmul_int8(x, raw, qt(name), n, k, bias, isa_code("portable"))
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                got = int8.gguf_matmul_int8(x, raw, qt(name), n, k, bias, isa_code(isa))
+                assert torch.equal(bits(got), bits(ref)), (m, threads)
+            torch.set_num_threads(prev)
+    finally:
+        torch.set_num_threads(prev)
+
+
 def test_max_magnitude_products_are_exact() -> None:
     """Q8_0 weights of -128 against activations of -127 (the largest maddubs pair, 2 * 128 * 127):
     each block's integer sum is exact, so a row of them gives the exact fp32 result."""

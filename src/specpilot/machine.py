@@ -10,7 +10,7 @@ process's own), and :func:`load_limit` is the most that still counts as quiet.
 :func:`cache_root` is the directory those caches live in: the parent of ``$SPECPILOT_CACHE``
 (which names the converted-model cache, ``.../specpilot/models``), else ``~/.cache/specpilot``.
 :func:`isa_level` classes the CPU for the native kernels and the memory's contexts
-(``avx512_vnni``, ``avx512``, ``avx2``, ``portable``).
+(``amx``: AVX-512 VNNI with AMX-TILE/INT8, ``avx512_vnni``, ``avx512``, ``avx2``, ``portable``).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def cpu_isa() -> str:
     return "+".join(have) if have else platform.machine() or "unknown"
 
 
-ISA_LEVELS = ("avx512_vnni", "avx512", "avx2", "portable")
+ISA_LEVELS = ("amx", "avx512_vnni", "avx512", "avx2", "portable")
 """The kernel ISA classes memory contexts are keyed by, best first."""
 
 
@@ -76,6 +76,8 @@ def isa_level(flags: str | None = None) -> str:
 
     >>> isa_level("fpu avx avx2 fma f16c avx512f avx512_vnni")
     'avx512_vnni'
+    >>> isa_level("avx2 fma f16c avx512f avx512_vnni amx_tile amx_int8")
+    'amx'
     >>> isa_level("fpu avx avx2 fma f16c"), isa_level("fpu sse2"), isa_level("avx2")
     ('avx2', 'portable', 'portable')
     """
@@ -85,7 +87,9 @@ def isa_level(flags: str | None = None) -> str:
         return "portable"
     if "avx512f" not in have:
         return "avx2"
-    return "avx512_vnni" if "avx512_vnni" in have else "avx512"
+    if "avx512_vnni" not in have:
+        return "avx512"
+    return "amx" if {"amx_tile", "amx_int8"} <= have else "avx512_vnni"
 
 
 def cpu_times() -> CpuSample | None:

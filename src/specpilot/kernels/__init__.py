@@ -20,7 +20,8 @@ tiling of rows and columns, or the ISA: the portable, AVX2 and AVX-512 paths giv
 and a reference output is portable across x86 machines. (The AVX-512 GEMM holds two outputs'
 8 lanes side by side in one 512-bit accumulator, two columns of one row: each half is still the
 8-lane chain above.) The path is the widest the CPU runs unless ``$SPECPILOT_KERNELS_ISA`` says
-``portable``, ``avx2`` or ``avx512`` (:func:`runnable_isas`). Dense F32/F16/BF16 weights
+``portable``, ``avx2``, ``avx512`` or ``amx`` (:func:`runnable_isas`; ``amx`` differs from
+``avx512`` in the int8 profile only). Dense F32/F16/BF16 weights
 follow the same order; running a block type natively equals running the dense F32 kernel on
 its dequantized weights, bit for bit. Tests: tests/test_kernels.py. A fused call over several
 linears of one x (``gguf_matmul_multi``, :class:`GGUFMultiLinear`: q/k/v of mixed block types)
@@ -44,9 +45,13 @@ row n of W only:
    Q4_1 / Q4_K ``lane = fma(b, s_x, lane)``.
 5. The fp32 contract's pairwise lane reduction, then the bias last.
 
-The same independence holds (rows, positions, threads, tiles, portable, AVX2 and AVX-512 VNNI
-give the same bits). The int8 result differs from the fp32 profile's (activation rounding):
-each profile is its own reference, and plain decoding and speculation must run the same one.
+The same independence holds (rows, positions, threads, tiles, portable, AVX2, AVX-512 VNNI and
+AMX give the same bits). On the AMX path (Intel CPUs with AMX-INT8, Linux granting the tile
+state) calls of Q4_0 / Q4_1 / Q8_0 weights from 4 rows (6 where k > 1024) take step 3 from one
+``tdpbssd`` tile product per weight block and 16 columns, exact int32 like every other path, and
+steps 4-5 vectorized over the 16 columns, lane by lane (csrc/gemm_q8_amx.cpp). The int8 result
+differs from the fp32 profile's (activation rounding): each profile is its own reference, and
+plain decoding and speculation must run the same one.
 Dense F32/F16/BF16 weights have no int8 kernel and keep the fp32-activation kernel in this profile.
 Tests: tests/test_kernels_int8.py.
 

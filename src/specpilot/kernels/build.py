@@ -1,8 +1,9 @@
 """Build, cache and load the C++ kernels (``csrc/``) on first use.
 
 The kernel translation units (:data:`PORTABLE_UNITS`, and on x86 :data:`AVX2_UNITS` with
-``-mavx2 -mfma -mf16c`` and :data:`AVX512_UNITS` with AVX-512 F/BW/DQ/VL and VNNI as well; a
-compiler that cannot build those keeps the AVX2 path) are compiled to objects with their own
+``-mavx2 -mfma -mf16c``, :data:`AVX512_UNITS` with AVX-512 F/BW/DQ/VL and VNNI as well and
+:data:`AMX_UNITS` with AMX-TILE/INT8 on top; a compiler that cannot build the wider ones keeps
+the narrower path) are compiled to objects with their own
 flags, then the torch op registrations (:data:`OP_UNITS`: ``ops.cpp`` defines the
 ``specpilot`` library, other units add to it with ``TORCH_LIBRARY_FRAGMENT``) are built by
 ``torch.utils.cpp_extension.load`` and linked with them. Every unit gets
@@ -47,6 +48,10 @@ AVX512_FLAGS = (*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512v
                 "-mavx512vnni")
 AVX512_UNITS = ("gemm_avx512.cpp", "gemm_q8_avx512.cpp")
 """The GEMMs compiled with AVX512_FLAGS (x86 only), called after a run-time CPU check."""
+AMX_FLAGS = (*AVX512_FLAGS, "-mamx-tile", "-mamx-int8")
+AMX_UNITS = ("gemm_q8_amx.cpp",)
+"""The int8 GEMM's AMX schedule, compiled with AMX_FLAGS (x86 only), called after a run-time
+check of the CPU and of the process's permission to use the tiles."""
 OP_UNITS = ("ops.cpp", "ops_q8.cpp", "attention_ops.cpp",
     "rowops_ops.cpp",
 )
@@ -91,7 +96,7 @@ def build_key(cxx: str) -> str:
     h = hashlib.sha256()
     for p in sorted(CSRC.iterdir()):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    flags = (COMMON_FLAGS, AVX2_FLAGS, AVX512_FLAGS, OPENMP_FLAGS)
+    flags = (COMMON_FLAGS, AVX2_FLAGS, AVX512_FLAGS, AMX_FLAGS, OPENMP_FLAGS)
     h.update(f"{BUILD_VERSION}\0{torch.__version__}\0{cxx}\0{flags}".encode())
     return h.hexdigest()[:16]
 
@@ -172,14 +177,19 @@ def _compile_and_load(cxx: str, key: str, out: Path) -> None:
     for unit, flags in units:
         objs.append(out / (Path(unit).stem + ".o"))
         _compile_object(cxx, CSRC / unit, objs[-1], flags)
-    if _x86():  # optional: a compiler without AVX-512 VNNI support keeps the AVX2 path
+    # optional: a compiler without AVX-512 VNNI (or AMX) support keeps the narrower path
+    for wide_units, flags, define in ((AVX512_UNITS, AVX512_FLAGS, "-DSP_NO_AVX512"),
+                                      (AMX_UNITS, AMX_FLAGS, "-DSP_NO_AMX")):
+        if not _x86() or "-DSP_NO_AVX512" in defines:
+            defines.append(define)
+            continue
         try:
-            wide = [out / (Path(u).stem + ".o") for u in AVX512_UNITS]
-            for unit, obj in zip(AVX512_UNITS, wide, strict=True):
-                _compile_object(cxx, CSRC / unit, obj, AVX512_FLAGS)
+            wide = [out / (Path(u).stem + ".o") for u in wide_units]
+            for unit, obj in zip(wide_units, wide, strict=True):
+                _compile_object(cxx, CSRC / unit, obj, flags)
             objs += wide
         except RuntimeError:
-            defines.append("-DSP_NO_AVX512")
+            defines.append(define)
     try:
         _load_ops(cpp_extension, key, out, [*defines, *OPENMP_FLAGS], objs, OPENMP_FLAGS)
         _state["key"] = key

@@ -5,8 +5,10 @@ docstring for the numerics contract): :func:`gguf_matmul`, :func:`gguf_matmul_mu
 linears of one input in one call, :class:`GGUFMultiLinear`), :func:`dequantize_rows`, plus the
 checks that turn a wrong byte length into a :class:`~specpilot.errors.ModelLoadError` naming the
 tensor. The ISA path is ``auto`` unless ``$SPECPILOT_KERNELS_ISA`` (or an ``isa`` argument) says
-``portable``, ``avx2`` or ``avx512`` (AVX-512 F/BW/DQ/VL with VNNI; the ops without an AVX-512
-unit run their AVX2 path there); every path gives the same bits.
+``portable``, ``avx2``, ``avx512`` (AVX-512 F/BW/DQ/VL with VNNI; the ops without an AVX-512
+unit run their AVX2 path there) or ``amx`` (AVX-512 with the int8 profile's block dot products
+on AMX-INT8 tiles; every other op runs its AVX-512 or AVX2 path there); every path gives the
+same bits.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ _BLOCK = {
     14: (256, 210),
 }
 """type id -> (elements per block, bytes per block)."""
-ISAS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3}
+ISAS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3, "amx": 4}
 ROW_TILES = (1, 2, 3, 4, 8)
 """Row tiles of the native GEMM (most rows per micro-kernel; 3 lets 4 columns share 12
 accumulators); 0 = the op's default."""
@@ -83,8 +85,8 @@ def available() -> bool:
 
 
 def runnable_isas() -> list[str]:
-    """The ISA paths this CPU runs (``portable`` first, then ``avx2``, ``avx512``); [] when the
-    kernels are unavailable. Every one gives the same bits."""
+    """The ISA paths this CPU runs (``portable`` first, then ``avx2``, ``avx512``, ``amx``); []
+    when the kernels are unavailable. Every one gives the same bits."""
     if not available():
         return []
     return [n for n, c in ISAS.items() if c and _ops().isa_available(c) == 1]

@@ -31,6 +31,17 @@ struct Q8Rows {
 // gives the same bits.
 constexpr int64_t kQ8InterleaveRows = 3;
 
+inline bool q8_amx_type(int qt) { return qt == Q4_0 || qt == Q4_1 || qt == Q8_0; }
+
+// Whether a call of m rows of k-wide qt weights runs the AMX schedule (gemm_q8_amx.cpp) on the
+// AMX path; other calls there run the AVX-512 path (the same bits). Its cost is nearly flat in
+// m up to 16 rows but pays a tile round per block and 16 columns, so it wins from 4 rows (from
+// 6 where k > 1024, whose AVX-512 schedule is cheaper per block); single-op timings on a
+// 2-core Xeon with AMX, BENCHMARKS.md.
+inline bool q8_amx_runs(int qt, int64_t m, int64_t k) {
+  return q8_amx_type(qt) && m >= (k > 1024 ? 6 : 4);
+}
+
 // One GEMM y[m, n] = x[m, k] . w[n, k]^T (+ bias[n]) with x in Q8 blocks.
 struct Q8GemmArgs {
   int qtype;
@@ -143,4 +154,6 @@ void sp_gemm_q8_avx2(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1, int row_ti
 // The same with AVX-512 VNNI: the same bits (gemm_q8_avx512.cpp).
 void sp_gemm_q8_avx512(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1, int row_tile,
                        int col_tile);
+// The same on AMX-INT8 tiles, for sp::q8_amx_type weights: the same bits (gemm_q8_amx.cpp).
+void sp_gemm_q8_amx(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1);
 }

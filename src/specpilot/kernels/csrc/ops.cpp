@@ -63,7 +63,7 @@ int64_t grain_units(int64_t m, int64_t k) {
 // (AVX-512: row tile 8 from 5 rows, two columns per zmm accumulator.)
 int default_row_tile(int64_t row_tile, int64_t m, int path) {
   if (row_tile > 0) return static_cast<int>(row_tile);
-  return m == 1 ? 1 : (path == 3 && m >= 5 ? 8 : 4);
+  return m == 1 ? 1 : (path >= 3 && m >= 5 ? 8 : 4);
 }
 int default_col_tile(int64_t col_tile, int64_t m) {
   return col_tile > 0 ? static_cast<int>(col_tile) : (m <= 3 ? 4 : 3);
@@ -73,7 +73,7 @@ void run_columns(const sp::GemmArgs& a, int path, int64_t n0, int64_t n1, int rt
   if (path >= 2) {
 #if !defined(SP_NO_AVX2)
 #if !defined(SP_NO_AVX512)
-    if (path == 3) return sp_gemm_avx512(&a, n0, n1, rt, ct);
+    if (path >= 3) return sp_gemm_avx512(&a, n0, n1, rt, ct);
 #endif
     sp_gemm_avx2(&a, n0, n1, rt, ct);
 #endif

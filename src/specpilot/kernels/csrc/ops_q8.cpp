@@ -28,17 +28,42 @@ void quantize(bool avx2, const float* x, int64_t m, int64_t k, int8_t* q, float*
   sp_q8_quantize(x, m, k, q, d, s);
 }
 
-// Whether the kernel of path runs qt's weights as unsigned integers w + o, taking o * sum(q)
-// off each block's dot product: the AVX2 path's Q4_0 and Q5_0, the AVX-512 path's Q8_0 too.
-bool needs_sums(int path, int qt) {
-  return (path >= 2 && (qt == sp::Q4_0 || qt == sp::Q5_0)) || (path == 3 && qt == sp::Q8_0);
+// The path that runs m rows of qt's k-wide weights: the AMX path leaves the calls its schedule
+// does not repay (sp::q8_amx_runs) to the AVX-512 path (the same bits).
+int q8_path(int path, int qt, int64_t m, int64_t k) {
+  return path == 4 && !sp::q8_amx_runs(qt, m, k) ? 3 : path;
 }
 
-// Whether the kernel of path runs qt's weights by the blocks-across-lanes schedule from
-// sp::kQ8InterleaveRows rows (it reads the interleaved activations): every type on the AVX-512
-// path, Q4_0 and Q4_1 on the AVX2 path.
+// Whether the kernel of path (q8_path) runs qt's weights as unsigned integers w + o, taking
+// o * sum(q) off each block's dot product: the AVX2 path's Q4_0 and Q5_0, the AVX-512 path's
+// Q8_0 too.
+bool needs_sums(int path, int qt) {
+  return (path >= 2 && path <= 3 && (qt == sp::Q4_0 || qt == sp::Q5_0)) ||
+         (path == 3 && qt == sp::Q8_0);
+}
+
+// Whether the kernel of path (q8_path) runs qt's weights by the blocks-across-lanes schedule
+// from sp::kQ8InterleaveRows rows (it reads the interleaved activations): every type on the
+// AVX-512 path, Q4_0 and Q4_1 on the AVX2 path (the AMX schedule reads the rows as they are).
 bool reads_interleaved(int path, int qt) {
   return path == 3 || (path == 2 && (qt == sp::Q4_0 || qt == sp::Q4_1));
+}
+
+// One thread's columns [n0, n1) of a by the kernel of path (q8_path).
+void run_q8(const sp::Q8GemmArgs& a, int path, int64_t n0, int64_t n1, int rt, int ct) {
+  if (path >= 2) {
+#if !defined(SP_NO_AVX2)
+#if !defined(SP_NO_AVX512)
+#if !defined(SP_NO_AMX)
+    if (path == 4) return sp_gemm_q8_amx(&a, n0, n1);
+#endif
+    if (path == 3) return sp_gemm_q8_avx512(&a, n0, n1, rt, ct);
+#endif
+    sp_gemm_q8_avx2(&a, n0, n1, rt, ct);
+#endif
+  } else {
+    sp_gemm_q8_scalar(&a, n0, n1);
+  }
 }
 
 // The Q8 blocks of x (m, k) for the kernel of path: uninitialized scratch, every element
@@ -105,15 +130,14 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte &&
                   blocks.is_contiguous() && blocks.numel() == n * rb,
               "specpilot: blocks must be a contiguous CPU uint8 tensor of ", n * rb, " bytes");
-  const int path = sp::pick_isa(isa);
-  const bool avx2 = path >= 2;
+  const int64_t m = x.size(0);
+  const int path = q8_path(sp::pick_isa(isa), qt, m, k);
   const float* bp = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == n && bias->is_contiguous(),
                 "specpilot: bias must be a contiguous float32 tensor of ", n, " elements");
     bp = bias->data_ptr<float>();
   }
-  const int64_t m = x.size(0);
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
   const Activations act(x, path, needs_sums(path, qt), reads_interleaved(path, qt));
@@ -127,21 +151,11 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   // default schedule: up to 4 rows (8 in the AVX2 lanes schedule, 16 on the AVX-512 path) share
   // each decoded weight block;
   // column tiles of 8 keep a row tile's activations and a column tile's weights in L1
-  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path == 3 ? 16 : 8;
+  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path >= 3 ? 16 : 8;
   const int ct = col_tile > 0 ? static_cast<int>(col_tile) : 8;
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
-  at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
-    if (avx2) {
-#if !defined(SP_NO_AVX2)
-#if !defined(SP_NO_AVX512)
-      if (path == 3) return sp_gemm_q8_avx512(&a, n0, n1, rt, ct);
-#endif
-      sp_gemm_q8_avx2(&a, n0, n1, rt, ct);
-#endif
-    } else {
-      sp_gemm_q8_scalar(&a, n0, n1);
-    }
-  });
+  at::parallel_for(0, n, grain,
+                   [&](int64_t n0, int64_t n1) { run_q8(a, path, n0, n1, rt, ct); });
   return y;
 }
 
@@ -160,8 +174,9 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
   check_x(x, k);
   int64_t total = 0;
   bool sums = false, interleaved = false;
-  const int path = sp::pick_isa(isa);
-  const bool avx2 = path >= 2;
+  const int64_t m = x.size(0);
+  const int isa_path = sp::pick_isa(isa);
+  std::vector<int> paths;
   for (size_t p = 0; p < parts; ++p) {
     const int qt = static_cast<int>(qtypes[p]);
     TORCH_CHECK(sp::q8_supported(qt), "specpilot: GGUF type ", qt, " has no int8 kernel");
@@ -171,8 +186,9 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
                     blocks[p].is_contiguous() && blocks[p].numel() == ns[p] * rb,
                 "specpilot: blocks must be a contiguous CPU uint8 tensor of ", ns[p] * rb,
                 " bytes");
-    sums = sums || needs_sums(path, qt);
-    interleaved = interleaved || reads_interleaved(path, qt);
+    paths.push_back(q8_path(isa_path, qt, m, k));
+    sums = sums || needs_sums(paths.back(), qt);
+    interleaved = interleaved || reads_interleaved(paths.back(), qt);
     total += ns[p];
   }
   const float* bp = nullptr;
@@ -182,10 +198,9 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
                 "specpilot: bias must be a contiguous float32 tensor of ", total, " elements");
     bp = bias->data_ptr<float>();
   }
-  const int64_t m = x.size(0);
   at::Tensor y = at::empty({m, total}, x.options());
   if (m == 0) return y;
-  const Activations act(x, path, sums, interleaved);
+  const Activations act(x, isa_path, sums, interleaved);
   const sp::Q8Rows rows = act.rows();
   std::vector<sp::Q8GemmArgs> args;
   std::vector<int64_t> off(parts + 1, 0);
@@ -197,24 +212,13 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
                                   y.data_ptr<float>() + off[p], total});
     off[p + 1] = off[p] + ns[p];
   }
-  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path == 3 ? 16 : 8;
+  const int rt = row_tile > 0 ? static_cast<int>(row_tile) : isa_path >= 3 ? 16 : 8;
   const int ct = col_tile > 0 ? static_cast<int>(col_tile) : 8;
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
   at::parallel_for(0, total, grain, [&](int64_t c0, int64_t c1) {
     for (size_t p = 0; p < parts; ++p) {
       const int64_t lo = std::max(c0, off[p]) - off[p], hi = std::min(c1, off[p + 1]) - off[p];
-      if (lo >= hi) continue;
-      if (avx2) {
-#if !defined(SP_NO_AVX2)
-#if !defined(SP_NO_AVX512)
-        if (path == 3) sp_gemm_q8_avx512(&args[p], lo, hi, rt, ct);
-        else
-#endif
-          sp_gemm_q8_avx2(&args[p], lo, hi, rt, ct);
-#endif
-      } else {
-        sp_gemm_q8_scalar(&args[p], lo, hi);
-      }
+      if (lo < hi) run_q8(args[p], paths[p], lo, hi, rt, ct);
     }
   });
   return y;
