@@ -136,6 +136,17 @@ def test_the_key_ignores_weight_values_and_cache_size() -> None:
     assert "weights=native" in curve_mod.curve_key(a, "exact", 128, (1, 2, 4))
 
 
+def test_a_forced_kernel_isa_is_part_of_a_native_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path forced by $SPECPILOT_KERNELS_ISA runs at its own speed: it gets its own curve."""
+    a = tiny_model("llama", seed=1)
+    a.native = True
+    monkeypatch.delenv("SPECPILOT_KERNELS_ISA", raising=False)
+    auto = curve_mod.curve_key(a, "fixed", 128, (1, 2, 4))
+    monkeypatch.setenv("SPECPILOT_KERNELS_ISA", "avx2")
+    forced = curve_mod.curve_key(a, "fixed", 128, (1, 2, 4))
+    assert "isa=auto" in auto and "isa=avx2" in forced and auto != forced
+
+
 @pytest.mark.parametrize(
     "content",
     [

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from specpilot.errors import ConfigError
 from specpilot.goodput.cost import CostCurve, calibrate_curve, calibration_shape
 from specpilot.kernels import build
+from specpilot.kernels.linear import ISA_ENV
 from specpilot.kvcache import KVCache
 from specpilot.machine import cache_root, cpu_isa, cpu_model, load_limit, sample_load
 from specpilot.model import Transformer
@@ -150,8 +151,9 @@ def curve_key(model: Transformer, attention: str, context: int, rows: tuple[int,
     weights = "native" if model.native else str(model.dtype).replace("torch.", "")
     linear = "onednn" if model.prepacked else "torch"
     numerics = getattr(model, "_numerics", "fp32")  # Transformer.set_numerics
-    if model.native:  # a rebuilt kernel library (new sources or flags) has a new speed
-        weights += f"|kernels={build.loaded_key()}"
+    if model.native:  # a rebuilt kernel library (new sources or flags), or another ISA path
+        # forced by $SPECPILOT_KERNELS_ISA, has a new speed
+        weights += f"|kernels={build.loaded_key()}|isa={os.environ.get(ISA_ENV, 'auto')}"
     return (
         f"{machine_key(model.device)}|model={model_fingerprint(model)}|weights={weights}|"
         f"numerics={numerics}|linear={linear}|compiled={model.compiled}|attention={attention}|"

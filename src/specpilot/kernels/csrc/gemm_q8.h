@@ -31,7 +31,7 @@ struct Q8Rows {
 // gives the same bits.
 constexpr int64_t kQ8InterleaveRows = 3;
 
-inline bool q8_amx_type(int qt) { return qt == Q4_0 || qt == Q4_1 || qt == Q8_0; }
+inline bool q8_amx_type(int qt) { return qt == Q4_0 || qt == Q4_1 || qt == Q5_0 || qt == Q8_0; }
 
 // Whether a call of m rows of k-wide qt weights runs the AMX schedule (gemm_q8_amx.cpp) on the
 // AMX path; other calls there run the AVX-512 path (the same bits). Its cost is nearly flat in

@@ -1,12 +1,13 @@
 // AMX schedule of the int8-activation GEMM (Intel AMX-INT8 tiles for the block dot products,
-// AVX-512 for the float steps), for Q4_0, Q4_1 and Q8_0 weights (calls of sp::q8_amx_runs).
+// AVX-512 for the float steps), for Q4_0, Q4_1, Q5_0 and Q8_0 weights (calls of sp::q8_amx_runs).
 //
 // The integer part: one tile product per weight block and 16 output columns. Tile A holds one
 // block (32 int8) of each of up to 16 activation rows, loaded in place from the row-major Q8
 // rows (stride k); tile B the same block of 16 weight columns in the VNNI layout (B[t][4c + i] =
 // element 4t + i of column c: the decoded blocks transposed 16 x 8 in 32-bit words); tdpbssd
 // leaves in C[r][c] the block's exact int32 dot product of row r and column c (signed x signed,
-// so Q4_0 is w - 8 and Q8_0 w as they are; Q4_1's nibbles 0..15 multiply as signed too).
+// so Q4_0 is w - 8, Q5_0 w - 16 and Q8_0 w as they are; Q4_1's nibbles 0..15 multiply as
+// signed too).
 //
 // The float part is the contract's, vectorized over the 16 columns: fp32 lane j of an output
 // takes blocks j, j + 8, .. in increasing order, lane = fma(a * d_x, float(isum), lane), then
@@ -56,30 +57,49 @@ void configure(int rb) {
   _tile_loadconfig(&c);
 }
 
+// Block layouts: bytes, offset of the quants, a min (Q4_1), nibbles, the fifth bits (Q5_0's 32
+// high bits at offset 2), and the offset taken off each integer.
 struct AQ4_0 {
   static constexpr int kBytes = 18, kOff = 2;
-  static constexpr bool kMin = false, kNibbles = true;
+  static constexpr bool kMin = false, kNibbles = true, kFifth = false;
   static constexpr char kBias = 8;
 };
 struct AQ4_1 {
   static constexpr int kBytes = 20, kOff = 4;
-  static constexpr bool kMin = true, kNibbles = true;
+  static constexpr bool kMin = true, kNibbles = true, kFifth = false;
   static constexpr char kBias = 0;
+};
+struct AQ5_0 {
+  static constexpr int kBytes = 22, kOff = 6;
+  static constexpr bool kMin = false, kNibbles = true, kFifth = true;
+  static constexpr char kBias = 16;
 };
 struct AQ8_0 {
   static constexpr int kBytes = 34, kOff = 2;
-  static constexpr bool kMin = false, kNibbles = false;
+  static constexpr bool kMin = false, kNibbles = false, kFifth = false;
   static constexpr char kBias = 0;
 };
+
+// Q5_0's fifth bits of B rows t and t + 4 as 0x10 in each byte: bit 4t + i (and 16 + 4t + i)
+// of a column's 32-bit qh goes to byte i of its word; x * 0x204081 copies bit i of a 4-bit x
+// to bit 8i (the four shifted copies do not overlap, so nothing carries).
+inline __m512i fifth_bits(__m512i qh, int shift) {
+  const __m512i x = _mm512_and_si512(_mm512_srli_epi32(qh, shift), _mm512_set1_epi32(0xf));
+  const __m512i spread = _mm512_and_si512(_mm512_mullo_epi32(x, _mm512_set1_epi32(0x204081)),
+                                          _mm512_set1_epi32(0x01010101));
+  return _mm512_slli_epi32(spread, 4);
+}
 
 inline __m128i ld128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 inline __m256i ld256(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-// Tile B of block b for the 16 columns at row[0..15]: 8 rows of 64 bytes at out.
+// Tile B of block b for the 16 columns at row[0..15] (row[c] = row[0] + idx word c): 8 rows of
+// 64 bytes at out.
 template <class W>
-__attribute__((always_inline)) inline void btile(const uint8_t* const* row, int64_t b, int8_t* out) {
+__attribute__((always_inline)) inline void btile(const uint8_t* const* row, __m512i idx,
+                                                 int64_t b, int8_t* out) {
   const int64_t o = b * W::kBytes + W::kOff;
   if constexpr (W::kNibbles) {
     // 16 bytes of nibbles per column (low nibbles: elements 0..15, high: 16..31) as 4 words;
@@ -97,9 +117,15 @@ __attribute__((always_inline)) inline void btile(const uint8_t* const* row, int6
     const __m512i r[4] = {_mm512_unpacklo_epi64(a0, a2), _mm512_unpackhi_epi64(a0, a2),
                           _mm512_unpacklo_epi64(a1, a3), _mm512_unpackhi_epi64(a1, a3)};
     const __m512i low = _mm512_set1_epi8(0x0f), bias = _mm512_set1_epi8(W::kBias);
+    __m512i qh = _mm512_setzero_si512();
+    if constexpr (W::kFifth) qh = _mm512_i32gather_epi32(idx, row[0] + b * W::kBytes + 2, 1);
     for (int t = 0; t < 4; ++t) {
       __m512i lo = _mm512_and_si512(r[t], low);
       __m512i hi = _mm512_and_si512(_mm512_srli_epi16(r[t], 4), low);
+      if constexpr (W::kFifth) {
+        lo = _mm512_or_si512(lo, fifth_bits(qh, 4 * t));
+        hi = _mm512_or_si512(hi, fifth_bits(qh, 16 + 4 * t));
+      }
       if constexpr (W::kBias != 0) {
         lo = _mm512_sub_epi8(lo, bias);
         hi = _mm512_sub_epi8(hi, bias);
@@ -161,8 +187,8 @@ void strip(const sp::Q8GemmArgs& a, int64_t c, int nc, int64_t r0, int8_t* bbuf,
     for (int r = 0; r < RB; ++r) acc[r] = _mm512_setzero_ps();
     int64_t b = j;
     for (; b + 8 < nb; b += 16) {  // blocks b and b + 8 of lane j, one tile set each
-      btile<W>(row, b, bbuf);
-      btile<W>(row, b + 8, bbuf + 512);
+      btile<W>(row, idx, b, bbuf);
+      btile<W>(row, idx, b + 8, bbuf + 512);
       SP_TILE_MEMORY();
       _tile_loadd(2, bbuf, 64);
       _tile_loadd(1, xq + 32 * b, a.x.k);
@@ -179,7 +205,7 @@ void strip(const sp::Q8GemmArgs& a, int64_t c, int nc, int64_t r0, int8_t* bbuf,
       fold(b + 8, cbuf + 256, acc);
     }
     if (b < nb) {
-      btile<W>(row, b, bbuf);
+      btile<W>(row, idx, b, bbuf);
       SP_TILE_MEMORY();
       _tile_loadd(2, bbuf, 64);
       _tile_loadd(1, xq + 32 * b, a.x.k);
@@ -244,6 +270,8 @@ extern "C" void sp_gemm_q8_amx(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1) 
       return run<AQ4_0>(*a, n0, n1);
     case sp::Q4_1:
       return run<AQ4_1>(*a, n0, n1);
+    case sp::Q5_0:
+      return run<AQ5_0>(*a, n0, n1);
     case sp::Q8_0:
       return run<AQ8_0>(*a, n0, n1);
     default:
