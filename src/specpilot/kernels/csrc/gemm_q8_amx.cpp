@@ -146,9 +146,10 @@ __attribute__((always_inline)) inline void btile(const uint8_t* const* row, __m5
   }
 }
 
-// Columns [c, c + nc) (nc <= 16) for rows [r0, r0 + RB), tiles configured for RB rows.
+// Columns [c, c + nc) (nc <= 16) for rows [r0, r0 + RB), tiles configured for RB rows; n1: the
+// end of this call's columns (the next strip's weights are prefetched up to it).
 template <class W, int RB>
-void strip(const sp::Q8GemmArgs& a, int64_t c, int nc, int64_t r0, int8_t* bbuf,
+void strip(const sp::Q8GemmArgs& a, int64_t c, int nc, int64_t n1, int64_t r0, int8_t* bbuf,
            int32_t* cbuf) {
   const int64_t nb = a.x.k / 32;
   const uint8_t* row[16];
@@ -159,8 +160,8 @@ void strip(const sp::Q8GemmArgs& a, int64_t c, int nc, int64_t r0, int8_t* bbuf,
   }
   const __m512i idx = _mm512_load_si512(offs);
   // the next strip's weights, streamed in while this one runs (its lanes visit each row 8 times)
-  if (c + 16 < a.n) {
-    const int64_t next = a.n - (c + 16) < 16 ? a.n - (c + 16) : 16;
+  if (c + 16 < n1) {  // a.n is the row stride of y, past this part's columns in a fused call
+    const int64_t next = n1 - (c + 16) < 16 ? n1 - (c + 16) : 16;
     const char* p = reinterpret_cast<const char*>(a.w + (c + 16) * a.row_bytes);
     for (int64_t o = 0; o < next * a.row_bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
   }
@@ -236,7 +237,7 @@ template <class W, int RB>
 void rows_tile(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1, int64_t r0, int8_t* bbuf,
                int32_t* cbuf) {
   for (int64_t c = n0; c < n1; c += 16) {
-    strip<W, RB>(a, c, static_cast<int>(n1 - c < 16 ? n1 - c : 16), r0, bbuf, cbuf);
+    strip<W, RB>(a, c, static_cast<int>(n1 - c < 16 ? n1 - c : 16), n1, r0, bbuf, cbuf);
   }
 }
 
