@@ -114,9 +114,9 @@ def build_inputs(rows: Sequence[VerifyRow], device: torch.device, scratch: int) 
         pos[i, : n + 1] = c + torch.cat([torch.zeros(1, dtype=torch.long), r.tree.depths])
         pos[i, n + 1 :] = c
         where[i, : n + 1] = torch.arange(c, c + n + 1)
-        mask[i, :, :c] = True
+        mask[i, : n + 1, :c] = True
         mask[i, : n + 1, c : c + n + 1] = tree_mask(r.tree)
-        mask[i, n + 1 :, c] = True  # pads see the prefix and the root
+        mask[i, n + 1 :, c] = True  # pads see the root only: one key, never an empty softmax
     return VerifyInputs(toks.to(device), pos.to(device), where.to(device), kv_len, mask.to(device))
 
 

@@ -231,6 +231,9 @@ class FeatureNet(nn.Module):
         """Optional fast callable for inference (a prepacked linear over ``head``)."""
         self.half_weights = False
         """Whether :meth:`pack` runs every linear on F16 copies (2 bytes a weight)."""
+        self.rownorm: Any = None
+        """Optional (x, weight) -> RMSNorm(x) for inference on the native row ops (set by a
+        drafter with a :class:`~specpilot.drafters.lean.LeanForward`; used without autograd)."""
         self.native: tuple[Any, Any] = (None, None)
         """(embedding, LM head) native modules of a GGUF target used in place of ``embed`` /
         ``head`` (a tuple, so they are not registered: never saved, moved or counted here)."""
@@ -335,11 +338,21 @@ class FeatureNet(nn.Module):
         else:
             assert self.embed is not None, "attach() the target's embedding first"
             e = F.embedding(tokens, self.embed)
-        return fast_linear(self, "in_proj", torch.cat([self.norm_e(e), self.norm_g(g)], dim=-1))
+        return fast_linear(
+            self,
+            "in_proj",
+            torch.cat([self._norm(self.norm_e, e), self._norm(self.norm_g, g)], dim=-1),
+        )
+
+    def _norm(self, mod: nn.RMSNorm, x: Tensor) -> Tensor:
+        """``mod(x)``, on the native row op when :attr:`rownorm` is set and autograd is off."""
+        if self.rownorm is not None and not torch.is_grad_enabled():
+            return self.rownorm(x, mod.weight)  # type: ignore[no-any-return]
+        return mod(x)  # type: ignore[no-any-return]
 
     def logits(self, h: Tensor) -> Tensor:
         """Draft-vocabulary logits (..., draft_vocab) of layer outputs ``h`` (..., dim)."""
-        x = self.norm(h)
+        x = self._norm(self.norm, h)
         if self.native[1] is not None:
             return self.native[1](x)
         assert self.head is not None, "attach() the target's LM head first"

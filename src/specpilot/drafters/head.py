@@ -29,6 +29,7 @@ from torch import Tensor
 from specpilot.drafters.base import DraftContext
 from specpilot.drafters.expand import expand_spec
 from specpilot.drafters.feature_net import FeatureNet
+from specpilot.drafters.lean import lean_forward
 from specpilot.errors import ContextLengthError, DrafterError
 from specpilot.tree import DraftTree, GrowingTree, TreeSpec
 
@@ -57,6 +58,9 @@ class FeatureDrafter:
         self.max_len = max_len
         self.vocab_ids = net.vocab_ids
         net.pack()
+        self.lean = lean_forward(net)
+        """The native-kernel forward of the draft layers (None: the module forward)."""
+        net.rownorm = self.lean.norm if self.lean is not None else None
         self._k: list[Tensor] = []
         self._v: list[Tensor] = []
         self._m = 0
@@ -104,6 +108,8 @@ class FeatureDrafter:
 
     def _run(self, x: Tensor, pos: Tensor, start: int, kv_len: int, mask: Tensor) -> Tensor:
         """Rows ``x`` (1, T, dim) at ``pos`` (1, T) -> cache slots ``start..``; outputs."""
+        if self.lean is not None and not torch.is_grad_enabled():
+            return self.lean.run(x, pos, self._k, self._v, start, kv_len, mask)
         t = x.shape[1]
         for i, layer in enumerate(self.net.layers):
             q, k, v = layer.kv(x, pos)
