@@ -170,3 +170,17 @@ def test_smollm2_batched_speculative_equals_alone() -> None:
     assert any(o.result.tau > 1 for o in outs)
     ar = run_batch(beng, [BatchRequest(p, gen) for p in prompts])
     assert [o.result.tokens for o in ar] == alone
+
+
+def test_run_batch_tells_the_engine_how_many_requests_wait(setup) -> None:
+    """The goodput budget prices draft tokens by whether a freed row is refilled: run_batch
+    sets ``waiting`` before every step and clears it after (None: unknown, as a server)."""
+    _, beng, _ = setup
+    gen = GenerationConfig(max_new_tokens=4, stop_on_eos=False)
+    prompts = [*PROMPTS, *PROMPTS][:6]
+    seen: list[int | None] = []
+    run_batch(
+        beng, [BatchRequest(p, gen) for p in prompts], on_step=lambda _: seen.append(beng.waiting)
+    )
+    assert seen[0] == len(prompts) - beng.bcfg.max_batch and seen[-1] == 0
+    assert beng.waiting is None

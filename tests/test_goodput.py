@@ -569,3 +569,19 @@ def test_a_probe_asks_a_few_sequences_in_turn() -> None:
     assert asked[0] == 6  # nothing chosen yet: every sequence drafts
     assert len(asked) >= 3 and all(n == 2 for n in asked[1:])  # probes ask two, in turn
     assert sum(d.calls > 1 for d in drafters) >= 4
+
+
+def test_idle_value_prices_a_token_by_the_makespan() -> None:
+    """With a queue a token is worth a batch slot's share of a step; with none waiting only the
+    row it saves: nodes that pay by the share do not by the makespan."""
+    flat = CostCurve([1, 8, 16, 32], [0.020, 0.024, 0.030, 0.044])  # ~1 ms a row past 16
+    sel = Selector(flat)
+    assert sel.idle_value(1) == 1.0
+    v = sel.idle_value(32)
+    assert 0 < v < 1 and math.isclose(v, (0.044 - flat(31)) * 32 / 0.044)
+    trees = [DraftTree.chain([1], [math.log(0.9)]) for _ in range(32)]
+    assert sum(t.size for t in sel.select(trees, packed=True)) > 0  # a queue: 0.9 x 1.4 ms > 0.9 ms
+    sel = Selector(flat)
+    sel.token_value = v
+    assert sum(t.size for t in sel.select(trees, packed=True)) == 0
+    assert sel.recent and max(map(sum, sel.recent)) == pytest.approx(0.9, abs=0.1)  # raw gains

@@ -190,6 +190,11 @@ class BatchEngine:
         self.slots: list[Slot] = []
         self.selector: Selector | None = None
         """The goodput budget's state (``cfg.goodput``)."""
+        self.waiting: int | None = None
+        """Requests queued for a free row (set by :func:`run_batch` before each step); None:
+        unknown, taken as a queue (a server: each request's latency counts). With none
+        waiting, the goodput budget values a draft token by the makespan
+        (:meth:`~specpilot.goodput.selector.Selector.idle_value`)."""
         self._probe_at = 0
         self._steps = 0
         """Batched steps run so far."""
@@ -295,6 +300,8 @@ class BatchEngine:
     def _propose(self) -> list[DraftTree]:
         sel = self._goodput()
         b = len(self.slots)
+        if sel is not None:
+            sel.token_value = 1.0 if self.waiting is None or self.waiting else sel.idle_value(b)
         full = sel is None or sel.should_draft(b)
         cheap = sel is not None and sel.cheap_tier(b)  # cheap parts draft where full ones do not
         if sel is not None and not full:
@@ -452,17 +459,21 @@ def run_batch(
     slots: dict[int, Slot] = {}
     waits: dict[int, float] = {}
     ends: dict[int, float] = {}
-    while pending or engine.slots:
-        while pending and engine.free > 0:
-            i, req = pending.pop(0)
-            waits[i] = time.perf_counter() - t0
-            slots[i] = engine.add(req)
-            if slots[i].done:
+    try:
+        while pending or engine.slots:
+            while pending and engine.free > 0:
+                i, req = pending.pop(0)
+                waits[i] = time.perf_counter() - t0
+                slots[i] = engine.add(req)
+                if slots[i].done:
+                    ends[i] = time.perf_counter() - t0
+            engine.waiting = len(pending)
+            done, stats = engine.step()
+            if on_step is not None and stats.batch:
+                on_step(stats)
+            for s in done:
+                i = next(k for k, v in slots.items() if v is s)
                 ends[i] = time.perf_counter() - t0
-        done, stats = engine.step()
-        if on_step is not None and stats.batch:
-            on_step(stats)
-        for s in done:
-            i = next(k for k, v in slots.items() if v is s)
-            ends[i] = time.perf_counter() - t0
+    finally:
+        engine.waiting = None
     return [BatchOutput(slots[i].res, ends[i], waits[i]) for i in range(len(requests))]
