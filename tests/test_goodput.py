@@ -585,3 +585,26 @@ def test_idle_value_prices_a_token_by_the_makespan() -> None:
     sel.token_value = v
     assert sum(t.size for t in sel.select(trees, packed=True)) == 0
     assert sel.recent and max(map(sum, sel.recent)) == pytest.approx(0.9, abs=0.1)  # raw gains
+
+
+def test_no_probe_where_no_draft_could_pay_with_nothing_waiting() -> None:
+    """With nothing waiting and a row worth next to nothing (idle_value), not even a tree of
+    certain nodes pays: probes are skipped, not only backed off; with a queue they run."""
+    flat = CostCurve([1, 8, 16, 32], [0.020, 0.024, 0.030, 0.044])
+    runs = {}
+    for value in (1.0, 0.01):
+        sel = Selector(flat, probe_every=4, max_probe_gap=4)
+        sel.note_draft(0.003, sequences=4)
+        sel.select([DraftTree.chain([1, 2], [math.log(0.2), math.log(0.05)])] * 32, packed=True)
+        assert sel.full_on is False  # plain decoding won
+        sel.token_value = value
+        drafted = 0
+        for _ in range(40):
+            if sel.should_draft(32):
+                drafted += 1
+                sel.note_draft(0.003, sequences=4, catchup=True)
+                sel.select([DraftTree.empty()] * 32, packed=True, drafted=4)
+            else:
+                sel.note_skip()
+        runs[value] = drafted
+    assert runs[1.0] >= 2 and runs[0.01] == 0, runs

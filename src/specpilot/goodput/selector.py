@@ -157,6 +157,10 @@ class Selector:
             return True
         if self.idle + 1 < gap:
             return False
+        if self.token_value < 1 and not self.could_pay(batch, perfect=True):  # none could
+            self.idle = -1  # the caller's note_skip makes it 0: counted as after a probe
+            self._next_probe(False)
+            return False
         if self.bound_skips < self.max_bound_skips and not self.could_pay(batch):
             self.bound_skips += 1
             self.idle = -1  # the caller's note_skip makes it 0: counted as after a probe
@@ -172,18 +176,23 @@ class Selector:
         self.idle, self.probe_gap, self.bound_skips, self.last = 0, 0, 0, None
         self.full_pays, self.cheap_edge, self._fresh = None, None, True
 
-    def could_pay(self, batch: int = 1) -> bool:
+    def could_pay(self, batch: int = 1, perfect: bool = False) -> bool:
         """Whether a probe of ``batch`` sequences could choose nodes in the best case seen
         lately: each sequence a probe asks (``probe_sequences``) proposing the tree of highest
         expected acceptance among the last ``recent_trees`` drafted (their calibrated gains), at
         the measured drafting cost. At a large batch a drafted sequence's extra
         tokens rarely buy its drafting time, and a probe there was pure cost. True while nothing
-        is known (no drafting time or acceptance measured yet)."""
+        is known (no drafting time or acceptance measured yet). ``perfect``: each tree a chain
+        as deep as the widest seen, every node certain (False: no draft could pay here, as
+        with nothing waiting at 32 sequences, :meth:`idle_value`; probes are skipped then)."""
         cost = self.probe_s or self.draft_s  # a probe's drafter catches up first
         if cost <= 0 or not self.recent:
             return True
         k = min(batch, max(1, self.probe_sequences))
-        best = [g * self.token_value for g in max(self.recent, key=sum)]  # as calibrated
+        best = max(self.recent, key=sum)  # gains as calibrated when drafted
+        if perfect:
+            best = [1.0] * max(map(len, self.recent))
+        best = [g * self.token_value for g in best]
         gains = [best] * k + [[] for _ in range(batch - k)]
         if batch > 1:
             return choose_packed(gains, self.curve, cost * k)[0].width > 0
