@@ -32,6 +32,7 @@ from specpilot.engine import (
     GenerationResult,
     Stopper,
     TokenCallback,
+    frozen_heap,
     join_chunks,
 )
 from specpilot.errors import ConfigError, ContextLengthError
@@ -459,21 +460,23 @@ def run_batch(
     slots: dict[int, Slot] = {}
     waits: dict[int, float] = {}
     ends: dict[int, float] = {}
-    try:
-        while pending or engine.slots:
-            while pending and engine.free > 0:
-                i, req = pending.pop(0)
-                waits[i] = time.perf_counter() - t0
-                slots[i] = engine.add(req)
-                if slots[i].done:
+    # a full collection over the loaded model's objects (~190k) stalls the step it falls in
+    with frozen_heap():
+        try:
+            while pending or engine.slots:
+                while pending and engine.free > 0:
+                    i, req = pending.pop(0)
+                    waits[i] = time.perf_counter() - t0
+                    slots[i] = engine.add(req)
+                    if slots[i].done:
+                        ends[i] = time.perf_counter() - t0
+                engine.waiting = len(pending)
+                done, stats = engine.step()
+                if on_step is not None and stats.batch:
+                    on_step(stats)
+                for s in done:
+                    i = next(k for k, v in slots.items() if v is s)
                     ends[i] = time.perf_counter() - t0
-            engine.waiting = len(pending)
-            done, stats = engine.step()
-            if on_step is not None and stats.batch:
-                on_step(stats)
-            for s in done:
-                i = next(k for k, v in slots.items() if v is s)
-                ends[i] = time.perf_counter() - t0
-    finally:
-        engine.waiting = None
+        finally:
+            engine.waiting = None
     return [BatchOutput(slots[i].res, ends[i], waits[i]) for i in range(len(requests))]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from specpilot.batch import BatchEngine, BatchRequest, Slot
 from specpilot.drafters.base import Drafter
-from specpilot.engine import GenerationConfig, GenerationResult
+from specpilot.engine import GenerationConfig, GenerationResult, frozen_heap
 from specpilot.server.metrics import ServerMetrics
 from specpilot.tree import TreeSpec
 
@@ -120,6 +120,10 @@ class Scheduler:
     # -- the worker ----------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        with frozen_heap():  # the loaded model's objects out of every collection's walk
+            self._serve()
+
+    def _serve(self) -> None:
         while not self._stop.is_set():
             idle = not self._waiting and not self.engine.slots
             try:
