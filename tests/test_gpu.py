@@ -43,3 +43,22 @@ def test_speculative_matches_ar_on_gpu(dtype: str, kind: str) -> None:
     )
     assert report.ok, report.summary()
     assert res.tau > 1.5
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_fixed_width_is_bit_identical_on_gpu(graphs: bool) -> None:
+    """Stock GPU kernels at one shape per call: plain decoding and chain verification fill
+    bit-identical KV caches (bench/gpu_check.py measures that they differ without it)."""
+    from .test_fastverify import plain_vs_chain, stock_model
+
+    model = stock_model().to(device="cuda", dtype=torch.bfloat16)
+    cfg = EngineConfig(device="cuda", dtype="bfloat16", fixed_width=6, cuda_graphs=graphs)
+    eng = Engine(model, cfg)
+    assert plain_vs_chain(eng, model) == (4, 4)
+    assert eng._fast is not None and (eng._fast.replays > 0) == graphs
+
+
+def test_fixed_width_batched_rows_are_plain_rows_on_gpu() -> None:
+    from .test_fastverify import batched_rows_match, stock_model
+
+    assert batched_rows_match(stock_model().to(device="cuda", dtype=torch.bfloat16), 5)

@@ -112,3 +112,22 @@ def test_configure_hooks_run_in_registry_order(order: tuple[str, str]) -> None:
     assert not isinstance(get("chain_length"), RuntimeMechanism)
     with pytest.raises(ConfigError, match="keeps no runtime options"):
         build(Plan(options={"chain_length": {"k": 3}}), loaded())
+
+
+def test_cuda_defaults_to_fixed_width_chains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA a chain plan gets fixed-width steps in CUDA graphs (lossless by construction with
+    stock kernels); trees, explicit widths and CPU plans are left as they are."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cuda = EngineConfig(device="cuda", dtype="bfloat16")
+    chains = [TreeSpec(kind="chain", k=5), TreeSpec(kind="chain", k=3)]
+    got = runtime.lossless_gpu_engine(cuda, chains)
+    assert (got.fixed_width, got.cuda_graphs) == (6, True)
+    assert runtime.lossless_gpu_engine(cuda, [TreeSpec(kind="dynamic")]) == cuda
+    explicit = EngineConfig(device="cuda", fixed_width=8)
+    assert runtime.lossless_gpu_engine(explicit, chains) == explicit
+    assert runtime.lossless_gpu_engine(EngineConfig(), chains) == EngineConfig()
+    assert runtime.gpu_lossless_note(cuda, True) is not None
+    assert runtime.gpu_lossless_note(got, True) is None
+    assert runtime.gpu_lossless_note(cuda, False) is None  # plain decoding only
+    plan = Plan(tree=chains[0], engine=got)
+    assert Plan.from_json(plan.to_json()) == plan  # the width travels in plan files

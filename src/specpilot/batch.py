@@ -42,7 +42,7 @@ from specpilot.model import Transformer
 from specpilot.profiling import kernel_range
 from specpilot.sampling import Sampler
 from specpilot.tree import DraftTree, TreeSpec
-from specpilot.verify import VerifyRow, prefill, verify_step
+from specpilot.verify import VerifyRow, check_fixed_spec, prefill, verify_step
 
 DEFAULT_BUDGET_TABLE: tuple[tuple[int, int], ...] = ((1, 16), (2, 8), (4, 6), (8, 4), (16, 2))
 """(batch size, draft nodes per sequence): the entry with the largest batch size <= B applies."""
@@ -215,6 +215,9 @@ class BatchEngine:
         if drafted is None:
             drafted = req.drafter is not None
         nodes = (req.spec or TreeSpec()).max_nodes if drafted else 0
+        if self.cfg.fixed_width and drafted:
+            check_fixed_spec(req.spec or TreeSpec(), self.cfg.fixed_width)
+        nodes = max(nodes, self.cfg.fixed_width - 1)  # a fixed-width step writes its pad rows
         need = len(req.prompt) + req.gen.max_new_tokens + nodes + 1
         if need > self.max_len - 1:
             raise ContextLengthError(
@@ -402,6 +405,7 @@ class BatchEngine:
             cache_rows=slice(0, len(slots)),
             scratch=self.max_len - 1,
             packed=self.bcfg.packed,
+            fixed_width=self.cfg.fixed_width,
         )
         if self.selector is not None and self.cfg.goodput:
             paths = [o.path for o in outcomes]

@@ -37,6 +37,15 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "sdpa = native (default: auto, fixed on CPU, exact when the kernels cannot build)",
     )
     g.add_argument(
+        "--fixed-width",
+        type=int,
+        default=None,
+        help="run every greedy step, plain or verifying a chain, as one forward of exactly N "
+        "rows over the whole cache: lossless by construction with kernels that are not "
+        "batch-invariant (GPU); 0 = off (default: on CUDA the longest chain + 1 with CUDA "
+        "graphs, off on CPU, whose kernels keep a fixed order)",
+    )
+    g.add_argument(
         "--linear",
         default=None,
         choices=["onednn", "torch"],
@@ -218,9 +227,11 @@ def _setup(
     """(loaded, engine, candidates, peers) through :func:`specpilot.plan_setup.setup`: the flags
     or ``--plan`` become plans built by the plan runtime; a bad flag fails before loading."""
     from specpilot.plan_setup import setup
+    from specpilot.runtime import gpu_lossless_note
 
     s = setup(args, hf_peers)
-    for note in s.loaded.notes:
+    gpu_note = gpu_lossless_note(s.engine.cfg, bool(s.candidates))
+    for note in (*s.loaded.notes, *([gpu_note] if gpu_note else [])):
         print(f"specpilot: note: {note}", file=sys.stderr)
     return s.loaded, s.engine, s.candidates, s.peers
 

@@ -34,6 +34,7 @@ from specpilot.tree import DraftTree, TreeSpec
 from specpilot.verify import (
     StepOutcome,
     VerifyRow,
+    check_fixed_spec,
     committed_rows,
     prefill,
     verify_step,
@@ -67,6 +68,13 @@ class EngineConfig:
     """Greedy acceptance as tensor ops on the device, one host read per step."""
     cuda_graphs: bool = False
     """Replay the verify forward from CUDA graphs captured at padded static shapes (GPU only)."""
+    fixed_width: int = 0
+    """0 = off. N: every step, plain or verifying a chain of up to N - 1 drafts, runs one
+    forward of exactly N rows per sequence over the whole cache (masked past each row; the
+    batch engine: every cache row, empty ones as dummies), so a row's bits cannot depend on
+    what else the call holds: lossless by construction with kernels that are not
+    batch-invariant (stock GPU kernels), at the cost of N rows per plain step
+    (:mod:`specpilot.fastverify`). Chains only: a tree node's key slot is not its position."""
     goodput: bool = False
     """Verify budget by expected tokens per second (:mod:`specpilot.goodput`): per step the
     draft nodes worth their measured cost, down to plain decoding."""
@@ -110,6 +118,8 @@ class EngineConfig:
             raise ConfigError("--device cuda requested but no CUDA device is available")
         if self.cuda_graphs and dev != "cuda":
             raise ConfigError("cuda_graphs needs a CUDA device; drop it from the plan on CPU")
+        if not 0 <= self.fixed_width <= 64:
+            raise ConfigError(f"fixed_width must be in [0, 64] (0 = off), got {self.fixed_width}")
         if not 0 <= self.goodput_hysteresis < 1 or self.goodput_probe < 1:
             raise ConfigError("goodput_hysteresis must be in [0, 1) and goodput_probe >= 1")
         if not 1 <= self.goodput_rows <= 64 or not 0 <= self.goodput_smoothing <= 1:
@@ -200,7 +210,7 @@ class Engine:
         self.context_len = model.cfg.max_position
         self._fast = None
         c = self.cfg
-        if c.static_buffers or c.device_accept or c.cuda_graphs:
+        if c.static_buffers or c.device_accept or c.cuda_graphs or c.fixed_width:
             from specpilot.fastverify import FastVerifier
 
             self._fast = FastVerifier(
@@ -208,6 +218,7 @@ class Engine:
                 static_buffers=c.static_buffers,
                 device_accept=c.device_accept,
                 cuda_graphs=c.cuda_graphs,
+                fixed_width=c.fixed_width,
             )
         self.selector: Selector | None = None
         """The goodput budget's state (``cfg.goodput``), made at the first generate."""
@@ -229,6 +240,8 @@ class Engine:
 
     def _ensure_cache(self, need: int) -> None:
         m = self.model
+        if self.cfg.fixed_width:  # one key length for every step: the whole context
+            need = self.context_len
         if need > m.max_len or m.attention != self.attention or m.batch != 1:
             size = max(need, 256)
             size = -(-size // 256) * 256
@@ -265,6 +278,10 @@ class Engine:
             raise ConfigError("empty prompt")
         spec = spec or TreeSpec()
         n_nodes = spec.max_nodes if drafter is not None else 0
+        if self.cfg.fixed_width:  # every step writes fixed_width rows past its cache
+            if drafter is not None:
+                check_fixed_spec(spec, self.cfg.fixed_width)
+            n_nodes = max(n_nodes, self.cfg.fixed_width - 1)
         need = len(prompt) + gen.max_new_tokens + n_nodes + 1
         if need > self.context_len:
             raise ContextLengthError(
@@ -354,7 +371,8 @@ class Engine:
         :mod:`specpilot.verify`); the overhead mechanisms' verifier takes greedy steps."""
         if self._fast is not None and (sampler is None or sampler.greedy):
             return self._fast.step(root, cache_len, tree, taps)
-        return verify_step(self.model, [VerifyRow(root, cache_len, tree, sampler)], taps)[0]
+        row = VerifyRow(root, cache_len, tree, sampler)
+        return verify_step(self.model, [row], taps, fixed_width=self.cfg.fixed_width)[0]
 
 
 def _draft(

@@ -17,6 +17,15 @@ the engine keeps its own step for sampling):
   power-of-two width with dummy rows that see only the root and write to slots past the tree; the
   keys are padded to a multiple of 256 with masked-out slots. Implies the two switches above.
   ``capture=False`` runs the same padded path eagerly (how CPU tests check it).
+* ``fixed_width`` - lossless by construction with kernels that are not batch-invariant: every
+  step, plain or verifying, is one forward of exactly ``fixed_width`` rows over every slot of the
+  cache (keys past a row's prefix masked), so every call has the same shapes and a row's result
+  depends on its own inputs alone (a kernel applies one reduction order to every row of a call of
+  one shape; stock GPU GEMMs, norms and attention change order with the row count and key
+  length: ``bench/gpu_check.py`` measures it). Chains only: a chain's node at depth d sits at
+  slot ``cache_len + d``, its position, so it sees the keys of plain decoding in the same slots;
+  a tree's siblings cannot all sit at their positions. Graph-captured on CUDA with
+  ``cuda_graphs`` (one shape, one graph per tapped-layer set), eager otherwise.
 
 Greedy acceptance on the device picks the deepest fully matching node. With distinct sibling
 tokens that is the path :func:`specpilot.tree.verify_greedy` follows; with two identical siblings
@@ -39,6 +48,7 @@ from specpilot.verify import (
     VerifyRow,
     accept,
     build_inputs,
+    check_fixed,
     commit,
     committed_rows,
     forward,
@@ -106,12 +116,14 @@ class FastVerifier:
         device_accept: bool = False,
         cuda_graphs: bool = False,
         capture: bool | None = None,
+        fixed_width: int = 0,
     ) -> None:
         self.model = model
-        self.padded = cuda_graphs
+        self.fixed = fixed_width
+        self.padded = cuda_graphs or fixed_width > 0
         self.capture = (model.device.type == "cuda") if capture is None else capture
         self.capture = self.capture and cuda_graphs
-        self.buffers = static_buffers or cuda_graphs
+        self.buffers = static_buffers or self.padded
         self.device_accept = device_accept or cuda_graphs
         self._bufs: _Buffers | None = None
         self._graphs: dict[tuple[int, int, tuple[int, ...]], tuple[Any, Any]] = {}
@@ -130,7 +142,10 @@ class FastVerifier:
         m = self.model
         tm = tree_mask(tree)  # (n+1, n+1)
         width, kv, graph = n + 1, cache_len + n + 1, False
-        if self.padded:
+        if self.fixed:
+            check_fixed(tree, self.fixed, cache_len, m.max_len)
+            width, kv, graph = self.fixed, m.max_len, self.capture
+        elif self.padded:
             w = width_bucket(n + 1)
             kvp = min(m.max_len, -(-(cache_len + w) // KV_BUCKET) * KV_BUCKET)
             if cache_len + w <= kvp:  # else near the end of the cache: unpadded this step

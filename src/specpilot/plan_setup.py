@@ -22,7 +22,8 @@ from typing import Any
 
 from specpilot.errors import ConfigError
 
-ENGINE_FLAGS = ("device", "dtype", "attention", "linear", "threads", "goodput", "numerics")
+ENGINE_FLAGS = ("device", "dtype", "attention", "linear", "threads", "goodput", "numerics",
+                "fixed_width")  # fmt: skip
 SHAPE_FLAGS = ("k", "paths", "budget", "topk", "depth")
 DRAFTER_FLAGS = ("union_trust", "union_depth", "head_min_prob", "lookup_min_n", "lookup_max_n")
 PLAN_OWNED = ("drafter", "tree", *SHAPE_FLAGS, *DRAFTER_FLAGS, *ENGINE_FLAGS)
@@ -134,7 +135,7 @@ def flag_plans(args: argparse.Namespace, loaded: Any) -> list[tuple[str, Any]]:
     """(label, plan) per ``--drafter`` x ``--tree`` (see the module docstring)."""
     from specpilot.drafters import DRAFTERS
     from specpilot.plan import Plan
-    from specpilot.runtime import default_drafting, default_goodput
+    from specpilot.runtime import default_drafting, default_goodput, lossless_gpu_engine
 
     ecfg = engine_config(args)
     if getattr(args, "goodput", None) is None and default_goodput(loaded):
@@ -144,6 +145,8 @@ def flag_plans(args: argparse.Namespace, loaded: Any) -> list[tuple[str, Any]]:
     names = list(dict.fromkeys(args.drafter or [default_name]))
     if specs is None:
         specs = [default_tree] if not args.drafter else [_chain()]
+    if getattr(args, "fixed_width", None) is None:
+        ecfg = lossless_gpu_engine(ecfg, specs)
     out = []
     for name in names:
         for spec in specs:

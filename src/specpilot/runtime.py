@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -82,15 +82,41 @@ def default_plan(loaded: Any) -> Plan:
     model = loaded.model
     dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
     drafter, tree = default_drafting(loaded)
-    return Plan(
-        drafter=drafter,
-        tree=tree,
-        engine=EngineConfig(
-            device=str(model.device),
-            dtype=dtype.get(model.dtype, "float32"),
-            goodput=default_goodput(loaded),
-        ),
+    engine = EngineConfig(
+        device=str(model.device),
+        dtype=dtype.get(model.dtype, "float32"),
+        goodput=default_goodput(loaded),
     )
+    return Plan(drafter=drafter, tree=tree, engine=lossless_gpu_engine(engine, [tree]))
+
+
+def lossless_gpu_engine(ecfg: EngineConfig, trees: list[TreeSpec]) -> EngineConfig:
+    """``ecfg`` with fixed-width steps captured in CUDA graphs where it runs on CUDA with no
+    fixed width set and every tree is a chain (width: the longest chain + 1); else unchanged.
+
+    Stock GPU kernels give a row other bits with other row counts and key lengths (on an H200,
+    bf16 SmolLM2: speculation matched plain decoding on 7-10 of 20 prompts), so there only
+    fixed-width steps keep speculation lossless by construction (:mod:`specpilot.fastverify`;
+    BENCHMARKS.md, "GPU")."""
+    if not ecfg.device.startswith("cuda") or ecfg.fixed_width or not trees:
+        return ecfg
+    if any(t.kind != "chain" for t in trees):
+        return ecfg
+    return replace(ecfg, fixed_width=max(t.k for t in trees) + 1, cuda_graphs=True)
+
+
+def gpu_lossless_note(ecfg: EngineConfig, speculative: bool) -> str | None:
+    """A notice when speculation runs on CUDA without fixed-width steps (see
+    :func:`lossless_gpu_engine`), else None.
+
+    >>> gpu_lossless_note(EngineConfig(), True) is None
+    True
+    """
+    if not speculative or not ecfg.device.startswith("cuda") or ecfg.fixed_width:
+        return None
+    return ("speculation on CUDA without --fixed-width is not lossless by construction (stock "
+            "GPU kernels change a row's bits with the rows in the call); token forcing decides. "
+            "Use a chain tree with --fixed-width K+1")  # fmt: skip
 
 
 def default_goodput(loaded: Any) -> bool:
@@ -101,8 +127,11 @@ def default_goodput(loaded: Any) -> bool:
 
 
 def default_drafting(loaded: Any) -> tuple[str, TreeSpec]:
-    """The default drafter and tree for ``loaded`` (see :func:`default_plan`)."""
-    if "head+suffix" in shipped_for(loaded):
+    """The default drafter and tree for ``loaded`` (see :func:`default_plan`). On CUDA suffix
+    drafting with a chain of 5: fixed-width steps verify chains only, and the trained head drafts
+    in eager small ops there (~87 ms a step on an H200 host against ~35 ms a plain token)."""
+    device = getattr(getattr(loaded, "model", None), "device", None)
+    if "head+suffix" in shipped_for(loaded) and getattr(device, "type", "cpu") != "cuda":
         return "head+suffix", HEAD_TREE
     return DEFAULT_DRAFTER, DEFAULT_TREE
 

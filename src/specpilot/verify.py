@@ -31,9 +31,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specpilot.errors import ConfigError
 from specpilot.model import ForwardOut, Packing, Transformer, causal_mask
 from specpilot.sampling import Sampler
-from specpilot.tree import Acceptance, DraftTree, tree_mask, verify_greedy
+from specpilot.tree import Acceptance, DraftTree, TreeSpec, tree_mask, verify_greedy
 
 
 @dataclass(frozen=True)
@@ -96,13 +97,20 @@ def _single_inputs(r: VerifyRow, device: torch.device) -> VerifyInputs:
     return VerifyInputs(toks, pos, c, c + n + 1, mask.to(device))
 
 
-def build_inputs(rows: Sequence[VerifyRow], device: torch.device, scratch: int) -> VerifyInputs:
-    """The (B, T) verify block of ``rows``; pad rows write to cache slot ``scratch``."""
+def build_inputs(
+    rows: Sequence[VerifyRow], device: torch.device, scratch: int,
+    shape: tuple[int, int] | None = None,
+) -> VerifyInputs:  # fmt: skip
+    """The (B, T) verify block of ``rows``; pad rows write to cache slot ``scratch``.
+    ``shape``: (T, kv_len) fixed for every call (fixed-width steps), else the least that fits."""
     b = len(rows)
-    if b == 1:
+    if b == 1 and shape is None:
         return _single_inputs(rows[0], device)
     t = 1 + max(r.tree.size for r in rows)
     kv_len = max(r.cache_len + r.tree.size + 1 for r in rows)
+    if shape is not None:
+        assert shape[0] >= t and shape[1] >= kv_len, f"{rows} do not fit the shape {shape}"
+        t, kv_len = shape
     toks = torch.zeros(b, t, dtype=torch.long)  # (B, T)
     pos = torch.zeros(b, t, dtype=torch.long)  # (B, T)
     where = torch.full((b, t), scratch, dtype=torch.long)  # (B, T)
@@ -182,6 +190,31 @@ def committed_rows(path: Sequence[int]) -> list[int]:
     return [0, *(i + 1 for i in path)]
 
 
+def check_fixed(tree: DraftTree, width: int, cache_len: int, max_len: int) -> None:
+    """ConfigError unless ``tree`` is a chain that fits a fixed-width step
+    (:mod:`specpilot.fastverify`) and the step's rows fit the cache."""
+    n = tree.size
+    if n + 1 > width:
+        raise ConfigError(f"a draft of {n} nodes does not fit fixed_width {width}; "
+                          f"raise fixed_width to {n + 1} or draft fewer nodes")  # fmt: skip
+    if n and not bool((tree.depths == torch.arange(1, n + 1)).all()):
+        raise ConfigError("fixed_width verifies chains only (a tree node's key slot is not its "
+                          "position); use --tree chain")  # fmt: skip
+    if cache_len + width > max_len:
+        raise ConfigError(f"fixed_width {width} at cache length {cache_len} runs past the "
+                          f"cache of {max_len} slots")  # fmt: skip
+
+
+def check_fixed_spec(spec: TreeSpec, width: int) -> None:
+    """ConfigError, before decoding starts, for a tree shape fixed-width steps cannot verify."""
+    if spec.kind != "chain":
+        raise ConfigError(f"fixed_width verifies chains only, not a {spec.kind} tree; use "
+                          "--tree chain (or --fixed-width 0)")  # fmt: skip
+    if spec.k + 1 > width:
+        raise ConfigError(f"a chain of {spec.k} does not fit fixed_width {width}; use "
+                          f"--fixed-width {spec.k + 1} or a shorter chain")  # fmt: skip
+
+
 def verify_step(
     model: Transformer,
     rows: Sequence[VerifyRow],
@@ -189,20 +222,30 @@ def verify_step(
     cache_rows: slice | None = None,
     scratch: int | None = None,
     packed: bool = False,
+    fixed_width: int = 0,
 ) -> list[StepOutcome]:
     """Verify every row's tree in one forward, accept, and commit each row's path.
 
     Row i of ``rows`` uses cache row i (of ``cache_rows``); ``scratch`` is the cache slot pad
     rows write to (default: the last slot of the cache). ``packed``: the row-wise work of the
     forward runs on the real rows only (:class:`specpilot.model.Packing`), so a step costs the
-    rows its trees have, not B x the widest tree's.
+    rows its trees have, not B x the widest tree's. ``fixed_width``: every call one shape,
+    (every cache row, ``fixed_width`` rows, the whole cache) with dummy sequences in the rows
+    no sequence holds, chains only (:mod:`specpilot.fastverify`); not packed.
     """
     assert rows, "a verify step needs at least one sequence"
     scratch = model.max_len - 1 if scratch is None else scratch
     pack, offsets = None, [0] * len(rows)
-    if packed and len(rows) > 1:
+    shape, block = None, list(rows)
+    if fixed_width:
+        for r in rows:
+            check_fixed(r.tree, fixed_width, r.cache_len, model.max_len)
+        shape, cache_rows = (fixed_width, model.max_len), slice(0, model.batch)
+        block += [VerifyRow(0, 0, DraftTree.empty())] * (model.batch - len(rows))
+    elif packed and len(rows) > 1:
         pack, offsets = packing(rows, model.device)
-    out = forward(model, build_inputs(rows, model.device, scratch), taps, cache_rows, pack)
+    inputs = build_inputs(block, model.device, scratch, shape)
+    out = forward(model, inputs, taps, cache_rows, pack)
     assert out.logits is not None
     outcomes = []
     for i, r in enumerate(rows):
