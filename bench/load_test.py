@@ -14,7 +14,11 @@ request at a time, same settings) and its text at temperature 0 must equal the t
 under load (``mismatches`` in the report; ``--no-compare-alone`` skips it). ``--no-spec``
 serves with plain decoding (``serve --drafter none``); ``--vs-plain`` runs the whole test twice,
 speculative then plain, on the same requests, and reports the throughput ratio and whether
-the two servers' outputs agree. The exit status is 1 on any error or mismatch.
+the two servers' outputs agree. ``--rounds R`` runs the concurrent requests R times per server;
+with ``--vs-plain`` both servers stay up (started one after the other, each calibrating on a
+quiet machine) and the rounds alternate, speculative then plain, so a disturbed moment hits
+both; tokens/s is the median over rounds (one 32 x 64 round on 2 cores swings by ~20%, with the
+load generator on the same cores). The exit status is 1 on any error or mismatch.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -123,6 +130,13 @@ def _args() -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--startup-timeout", type=float, default=300)
     ap.add_argument("--json", default=None, help="write the report to this file")
     ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="concurrent rounds per server (with --vs-plain both servers stay up and the rounds "
+        "alternate); tokens/s and the ratio are medians over rounds",
+    )
+    ap.add_argument(
         "--no-compare-alone",
         dest="compare_alone",
         action="store_false",
@@ -167,9 +181,10 @@ def _mismatches(res: list[One], alone: dict[int, One]) -> list[dict]:
     return out
 
 
-def _session(args: argparse.Namespace, extra: list[str], prompts: list, spec: bool) -> dict:
-    """One server (started here unless --base-url): the concurrent run, then each distinct
-    prompt alone; the report."""
+@contextmanager
+def _server(args: argparse.Namespace, extra: list[str], spec: bool) -> Iterator[tuple]:
+    """(client, model id, base url) of a server started here (unless --base-url), stopped on
+    exit."""
     proc = None
     base = args.base_url
     if base is None:
@@ -178,53 +193,69 @@ def _session(args: argparse.Namespace, extra: list[str], prompts: list, spec: bo
         base = f"http://127.0.0.1:{port}/v1"
     try:
         client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=600)
-        model = client.models.list().data[0].id
-        n = min(len(prompts), args.requests)
-        work = [(i % n, prompts[i % n]) for i in range(args.requests)]
-        t0 = time.perf_counter()
-        res = _run(client, model, work, args)
-        wall = time.perf_counter() - t0
-        metrics = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=10).text
-        alone: dict[int, One] = {}
-        if args.compare_alone:
-            for i in range(n):  # one at a time: nothing else in the batch
-                alone[i] = _request(
-                    client, model, prompts[i].text, prompts[i].chat, args.max_tokens
-                )
+        yield client, client.models.list().data[0].id, base
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(30)
-    return _report(args, res, wall, metrics, alone, spec)
+
+
+def _concurrent(server: tuple, prompts: list, args: argparse.Namespace) -> tuple[list[One], float]:
+    """One round: every request at ``args.concurrency``; (results, wall seconds)."""
+    client, model, _ = server
+    n = min(len(prompts), args.requests)
+    work = [(i % n, prompts[i % n]) for i in range(args.requests)]
+    t0 = time.perf_counter()
+    res = _run(client, model, work, args)
+    return res, time.perf_counter() - t0
+
+
+def _finish(
+    server: tuple, prompts: list, args: argparse.Namespace, rounds: list, spec: bool
+) -> dict:
+    """The server's metrics and, unless --no-compare-alone, each distinct prompt sent alone;
+    the report over ``rounds`` ((results, wall) per round)."""
+    client, model, base = server
+    metrics = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=10).text
+    alone: dict[int, One] = {}
+    if args.compare_alone:
+        for i in range(min(len(prompts), args.requests)):  # one at a time: nothing else batched
+            alone[i] = _request(client, model, prompts[i].text, prompts[i].chat, args.max_tokens)
+    return _report(args, rounds, metrics, alone, spec)
 
 
 def _report(
     args: argparse.Namespace,
-    res: list[One],
-    wall: float,
+    rounds: list[tuple[list[One], float]],
     metrics: str,
     alone: dict[int, One],
     spec: bool,
 ) -> dict:
+    """Latencies and outputs of the last round; tokens/s per round and their median."""
+    res, wall = rounds[-1]
     ok = [r for r in res if r.ok]
     tokens = sum(r.completion_tokens for r in ok)
+    per_round = [sum(r.completion_tokens for r in rr if r.ok) / w for rr, w in rounds]
+    errors = sum(len(rr) - sum(r.ok for r in rr) for rr, _ in rounds)
     tau = next(
         (ln.split()[-1] for ln in metrics.splitlines() if ln.startswith("specpilot_tau ")), ""
     )
-    bad = _mismatches(res, alone)
+    bad = [m for rr, _ in rounds for m in _mismatches(rr, alone)]
     alone_errors = [a.error for a in alone.values() if not a.ok]
     return {
         "speculative": spec,
         "requests": len(res),
         "concurrency": args.concurrency,
-        "errors": len(res) - len(ok) + len(alone_errors),
+        "rounds": len(rounds),
+        "tokens_per_s_rounds": per_round,
+        "errors": errors + len(alone_errors),
         "latency_p50_s": _pct([r.latency_s for r in ok], 0.5),
         "latency_p99_s": _pct([r.latency_s for r in ok], 0.99),
         "ttft_p50_s": _pct([r.ttft_s for r in ok], 0.5),
         "ttft_p99_s": _pct([r.ttft_s for r in ok], 0.99),
         "completion_tokens": tokens,
         "wall_s": wall,
-        "tokens_per_s": tokens / wall if wall else 0.0,
+        "tokens_per_s": statistics.median(per_round),
         "server_tau": float(tau) if tau else None,
         "compared_alone": len(alone),
         "mismatches": len(bad) if args.compare_alone else None,
@@ -237,9 +268,15 @@ def _report(
 def main() -> int:
     args, extra = _args()
     prompts = load_workload(args.workload, limit=args.limit)
-    reports = [_session(args, extra, prompts, spec=not args.no_spec)]
-    if args.vs_plain:
-        reports.append(_session(args, extra, prompts, spec=False))
+    sides = [not args.no_spec, *([False] if args.vs_plain else [])]
+    with ExitStack() as stack:  # started one after another: each calibrates on a quiet machine
+        servers = [stack.enter_context(_server(args, extra, s)) for s in sides]
+        rounds: list[list] = [[] for _ in sides]
+        for _ in range(args.rounds):  # interleaved: speculative, plain, speculative, ...
+            for srv, got in zip(servers, rounds, strict=True):
+                got.append(_concurrent(srv, prompts, args))
+        reports = [_finish(srv, prompts, args, got, s)
+                   for srv, got, s in zip(servers, rounds, sides, strict=True)]  # fmt: skip
     summary = {k: v for k, v in reports[0].items() if k != "runs"}
     failed = any(r["errors"] or r["mismatches"] for r in reports)
     if args.vs_plain:
@@ -251,11 +288,13 @@ def main() -> int:
             for r in spec_r["runs"]
             if r["ok"] and r["prompt"] in texts and r["text"] != texts[r["prompt"]]
         )
-        speedup = spec_r["tokens_per_s"] / plain_r["tokens_per_s"] if plain_r["tokens_per_s"] else 0
+        sp, pl = spec_r["tokens_per_s"], plain_r["tokens_per_s"]
+        pairs = zip(spec_r["tokens_per_s_rounds"], plain_r["tokens_per_s_rounds"], strict=True)
         summary = {
             "speculative": summary,
             "plain": plain,
-            "throughput_ratio": speedup,
+            "throughput_ratio": sp / pl if pl else 0,
+            "throughput_ratio_rounds": [a / b if b else 0 for a, b in pairs],
             "spec_vs_plain_text_mismatches": differ,
         }
         failed = failed or differ > 0
