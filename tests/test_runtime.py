@@ -131,3 +131,10 @@ def test_cuda_defaults_to_fixed_width_chains(monkeypatch: pytest.MonkeyPatch) ->
     assert runtime.gpu_lossless_note(cuda, False) is None  # plain decoding only
     plan = Plan(tree=chains[0], engine=got)
     assert Plan.from_json(plan.to_json()) == plan  # the width travels in plan files
+
+
+def test_a_tree_plan_under_fixed_widths_fails_at_build() -> None:
+    plan = Plan(tree=TreeSpec(kind="dynamic", budget=6), engine=EngineConfig(fixed_width=8))
+    with pytest.raises(ConfigError, match="chains only"):
+        build(plan, loaded())
+    build(Plan(tree=TreeSpec(kind="chain", k=5), engine=EngineConfig(fixed_width=6)), loaded())

@@ -35,6 +35,7 @@ from specpilot.machine import cpu_model, isa_level
 from specpilot.mechanisms.base import Context, RuntimeMechanism, RuntimeSetup
 from specpilot.plan import Plan
 from specpilot.tree import TreeSpec
+from specpilot.verify import check_fixed_spec
 
 DEFAULT_DRAFTER = "suffix"
 DEFAULT_TREE = TreeSpec(kind="chain", k=5)
@@ -262,6 +263,8 @@ def build(plan: Plan, loaded: Any, *, draft: Any = None, batch_size: int = 1) ->
         get(key).configure(setup, opts[key])
     make = _drafter_factory(plan, setup)
     make()  # fail fast on an incompatible drafter
+    if ecfg.fixed_width and plan.drafter != "none":
+        check_fixed_spec(setup.spec, ecfg.fixed_width)  # a tree plan under fixed widths
     return Built(plan, engine, make, setup.spec, batch_size)
 
 
