@@ -39,7 +39,7 @@ from specpilot.engine import EngineConfig, GenerationConfig
 from specpilot.forcing import Reference, check
 from specpilot.loading import load_model
 from specpilot.plan import Plan
-from specpilot.runtime import build, default_plan
+from specpilot.runtime import DEFAULT_TREE, HEAD_TREE, build
 from specpilot.tree import TreeSpec
 from specpilot.workloads import load_workload
 
@@ -182,17 +182,14 @@ def decode(
     dtype: str,
     mode: str,
     attention: str,
-    drafters: list[tuple[str, TreeSpec | None]],
+    drafters: list[tuple[str, TreeSpec]],
 ) -> dict[str, Any]:
     """Plain vs speculative decoding on both workloads for one engine configuration."""
     torch_dtype = getattr(torch, dtype)
     loaded = load_model(args.model, device=args.device, dtype=torch_dtype, weights="fp32")
-    base = default_plan(loaded)
     eng_cfg = EngineConfig(device=args.device, dtype=dtype, attention=attention, **MODES[mode])
-    plans: list[tuple[str, Plan]] = []
-    for name, tree in drafters:
-        plan = base if name == "default" else Plan(drafter=name, tree=tree or base.tree)
-        plans.append((f"{plan.drafter}/{plan.tree.kind}", plan.replace(engine=eng_cfg)))
+    plans = [(f"{name}/{tree.kind}", Plan(drafter=name, tree=tree, engine=eng_cfg))
+             for name, tree in drafters]  # fmt: skip
     # the peer's weights before building (CPU builds prepack the model's own)
     hf_sd = (
         {k: v.detach().float().cpu() for k, v in loaded.model.state_dict().items()}
@@ -350,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
         help="skip the Hugging Face peer (it runs on the first configuration only)",
     )
     ap.add_argument("--hf-limit", type=int, default=8, help="prompts the peer decodes")
+    ap.add_argument(
+        "--drafters",
+        default="suffix/chain,head+suffix/chain",
+        help="NAME/SHAPE candidates; SHAPE chain = a chain of 5, dynamic = the CPU default tree "
+        "of 10 (not under fixed widths)",
+    )
     ap.add_argument("--skip-invariance", action="store_true")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
@@ -370,10 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             result["invariance"] = {"error": f"{type(e).__name__}: {e}"}
         save()
-    drafters: list[tuple[str, TreeSpec | None]] = [
-        ("suffix", TreeSpec(kind="chain", k=5)),
-        ("head+suffix", TreeSpec(kind="chain", k=5)),
-    ]
+    trees = {"chain": DEFAULT_TREE, "dynamic": HEAD_TREE}
+    drafters = [(d.split("/")[0], trees[d.split("/")[1]]) for d in args.drafters.split(",")]
     result["decode"] = []
     for item in args.configs.split(","):
         dtype, mode = item.split(":")

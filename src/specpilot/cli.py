@@ -40,7 +40,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--fixed-width",
         type=int,
         default=None,
-        help="run every greedy step, plain or verifying a chain, as one forward of exactly N "
+        help="run every step, plain or verifying a chain, as one forward of exactly N "
         "rows over the whole cache: lossless by construction with kernels that are not "
         "batch-invariant (GPU); 0 = off (default: on CUDA the longest chain + 1 with CUDA "
         "graphs, off on CPU, whose kernels keep a fixed order)",

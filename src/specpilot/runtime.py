@@ -98,10 +98,9 @@ def lossless_gpu_engine(ecfg: EngineConfig, trees: list[TreeSpec]) -> EngineConf
     Stock GPU kernels give a row other bits with other row counts and key lengths (on an H200,
     bf16 SmolLM2: speculation matched plain decoding on 7-10 of 20 prompts), so there only
     fixed-width steps keep speculation lossless by construction (:mod:`specpilot.fastverify`;
-    BENCHMARKS.md, "GPU")."""
-    if not ecfg.device.startswith("cuda") or ecfg.fixed_width or not trees:
-        return ecfg
-    if any(t.kind != "chain" for t in trees):
+    BENCHMARKS.md, "Session of 2026-12-04: the first GPU run")."""
+    chains = bool(trees) and all(t.kind == "chain" for t in trees)
+    if not ecfg.device.startswith("cuda") or ecfg.fixed_width or not chains:
         return ecfg
     return replace(ecfg, fixed_width=max(t.k for t in trees) + 1, cuda_graphs=True)
 
