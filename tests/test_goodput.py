@@ -608,3 +608,39 @@ def test_no_probe_where_no_draft_could_pay_with_nothing_waiting() -> None:
                 sel.note_skip()
         runs[value] = drafted
     assert runs[1.0] >= 2 and runs[0.01] == 0, runs
+
+
+def test_unverified_nodes_teach_the_statistics() -> None:
+    """Nodes the budget did not verify are scored against the tokens committed after them
+    (goodput.shadow): a drafter that is always wrong loses its prior while plain decoding wins,
+    without a single node verified."""
+    steep = CostCurve([1, 2], [0.010, 0.020])  # a row costs a whole step: nothing is verified
+    sel = Selector(steep)
+    wrong = DraftTree.chain([7, 8], [0.0, 0.0])  # the drafter is sure; the text says 1, 2, 3...
+    assert sel.stats.estimate(1, 1.0) == pytest.approx(1.0)
+    for step in range(30):
+        out = sel.select([wrong])
+        assert out[0].size == 0
+        sel.observe(out, [[]], 0.01, committed=[[step + 1]])
+    assert sel.stats.estimate(1, 1.0) < 0.1
+    assert sel.stats.estimate(1, 0.5) < 0.1  # a bin never seen: the pooled calibration
+
+
+def test_shadow_waits_for_the_tokens_that_decide_a_node() -> None:
+    from specpilot.goodput.shadow import Shadow
+
+    stats = AcceptanceStats()
+    sh = Shadow(stats)
+    tree = DraftTree.chain([4, 5, 6], [0.0, 0.0, 0.0])
+    sh.note("a", tree, [0], regime=0)  # node 0 verified by the step itself: not counted here
+    sh.advance("a", [4])  # depth 2 and 3 undecided
+    assert not stats.proposed
+    sh.advance("a", [5, 9])
+    assert stats.proposed == {(0, 2, 9): 1.0, (0, 3, 9): 1.0}
+    assert stats.accepted == {(0, 2, 9): 1.0, (0, 3, 9): 0.0}
+    sh.note("b", tree, [], regime=1)
+    sh.advance("b", [3])  # the root's child is wrong: everything under it is decided
+    assert stats.proposed[(1, 1, 9)] == 1.0 and stats.proposed[(1, 3, 9)] == 1.0
+    sampled = DraftTree(tree.tokens, tree.parents, tree.depths, tree.scores, q=torch.ones(3, 10))
+    sh.note("c", sampled, [], regime=2)  # rejection-sampled drafts are not scored
+    assert "c" not in sh.pending

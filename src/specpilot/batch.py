@@ -295,6 +295,8 @@ class BatchEngine:
             last.row = slot.row
             self.slots[slot.row] = last
         self.slots.pop()
+        if self.selector is not None and self.selector.shadow is not None:
+            self.selector.shadow.forget(id(slot))
         drafter = slot.req.drafter
         if drafter is not None:
             drafter.finish(slot.committed[: slot.res.prompt_len + len(slot.res.tokens)])
@@ -411,7 +413,9 @@ class BatchEngine:
             paths = [o.path for o in outcomes]
             dt = time.perf_counter() - tv
             regimes = [s.regime for s in slots]
-            self.selector.observe(trees, paths, dt, packed=self.bcfg.packed, regimes=regimes)
+            self.selector.observe(trees, paths, dt, packed=self.bcfg.packed, regimes=regimes,
+                                  committed=[o.tokens for o in outcomes],
+                                  keys=[id(s) for s in slots])  # fmt: skip
             for s, tr, path in zip(slots, trees, paths, strict=True):
                 s.regime = next_regime(s.regime, tr, path)
         finished: list[Slot] = []

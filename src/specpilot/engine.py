@@ -342,7 +342,8 @@ class Engine:
             tv = time.perf_counter()
             step = self.step(committed[-1], cache_len, tree, taps, sampler)
             if sel is not None:
-                sel.observe([tree], [step.path], time.perf_counter() - tv, regimes=[regime])
+                sel.observe([tree], [step.path], time.perf_counter() - tv, regimes=[regime],
+                            committed=[step.tokens])  # fmt: skip
                 regime = next_regime(regime, tree, step.path)
             if step.hidden:
                 pending.append(step.hidden)

@@ -9,7 +9,8 @@ Three parts, each a small pure piece (the engines own the state):
 * :class:`AcceptanceStats` - a drafter's path probability (``exp(score)``) calibrated against
   observed acceptance, per drafter, regime (the sequence's recent run of fully accepted steps)
   and depth (a probability bin per depth, with a prior that trusts the drafter until evidence
-  arrives; :mod:`specpilot.goodput.acceptance`);
+  arrives; :mod:`specpilot.goodput.acceptance`); the evidence includes the drafted nodes a step
+  did not verify, scored against the tokens committed after them (:mod:`specpilot.goodput.shadow`);
 * :func:`choose` - per step, over all live sequences, the draft nodes that maximize
   ``(B + expected accepted) / (t_verify(rows) + t_draft)``, zero nodes (plain decoding, no
   drafting) included, with hysteresis (:class:`Selector`) so the choice does not flap.

@@ -6,7 +6,7 @@ drafter only while it pays over that)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,7 @@ from specpilot.errors import ConfigError
 from specpilot.goodput.acceptance import AcceptanceStats, node_gains
 from specpilot.goodput.choice import Choice, best_nodes, choose, choose_packed
 from specpilot.goodput.cost import CostCurve
+from specpilot.goodput.shadow import Shadow
 from specpilot.tree import DraftTree, subtree
 
 __all__ = ["Selector"]
@@ -64,7 +65,16 @@ class Selector:
     plain_steps: int = 0
     """Steps verified without draft nodes."""
 
+    shadow: Shadow | None = None
+    """Unverified draft nodes scored against the tokens committed after them
+    (:mod:`specpilot.goodput.shadow`; made on the statistics at construction)."""
+    _drafted: list[tuple[DraftTree, list[int], int]] | None = None
+    """This step's drafted trees, the nodes kept of each, and their regimes (:meth:`select`,
+    consumed by :meth:`observe`)."""
+
     def __post_init__(self) -> None:
+        if self.shadow is None:
+            self.shadow = Shadow(self.stats)
         if not 0 <= self.hysteresis < 1:
             raise ConfigError(f"goodput hysteresis must be in [0, 1), got {self.hysteresis}")
         if self.probe_every < 1:
@@ -175,6 +185,9 @@ class Selector:
         probes' backoff starts afresh."""
         self.idle, self.probe_gap, self.bound_skips, self.last = 0, 0, 0, None
         self.full_pays, self.cheap_edge, self._fresh = None, None, True
+        assert self.shadow is not None
+        self.shadow.clear()
+        self._drafted = None
 
     def could_pay(self, batch: int = 1, perfect: bool = False) -> bool:
         """Whether a probe of ``batch`` sequences could choose nodes in the best case seen
@@ -243,9 +256,11 @@ class Selector:
             self._cheap_edge(new, draft_s, len(trees))
         self.last = new
         out = []
-        for t, g, k in zip(trees, gains, counts, strict=True):
+        self._drafted = []
+        for t, g, k, r in zip(trees, gains, counts, regimes, strict=True):
             keep = best_nodes(t, g, k)
             out.append(t if len(keep) == t.size else subtree(t, keep))
+            self._drafted.append((t, keep, r))
         return out
 
     def _valued(self, gains: list[list[float]]) -> list[list[float]]:
@@ -335,12 +350,26 @@ class Selector:
         verify_s: float,
         packed: bool = False,
         regimes: Sequence[int] | None = None,
+        committed: Sequence[Sequence[int]] | None = None,
+        keys: Sequence[Hashable] | None = None,
     ) -> None:
         """After a step: acceptance statistics (each tree in the regime it was selected in) and
-        the curve at the step's rows."""
+        the curve at the step's rows. ``committed``: the tokens each sequence committed this
+        step, which decide the drafted nodes this step did not verify (:attr:`shadow`);
+        ``keys``: the sequences' identities across steps (default: their positions)."""
         regimes = regimes if regimes is not None else [0] * len(trees)
         for t, p, r in zip(trees, paths, regimes, strict=True):
             self.stats.observe(t, p, r)
+        drafted, self._drafted = self._drafted, None
+        if committed is not None:
+            assert self.shadow is not None
+            keys = keys if keys is not None else range(len(committed))
+            if drafted is not None and len(drafted) == len(committed):
+                for key, (raw, keep, r) in zip(keys, drafted, strict=True):
+                    if raw.size:
+                        self.shadow.note(key, raw, keep, r)
+            for key, toks in zip(keys, committed, strict=True):
+                self.shadow.advance(key, toks)
         width = max((t.size for t in trees), default=0)
         rows = len(trees) + sum(t.size for t in trees) if packed else len(trees) * (1 + width)
         self.log.append((len(trees), rows, self.curve(rows), verify_s))
