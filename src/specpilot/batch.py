@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from specpilot.drafters.base import DraftContext, Drafter, Tiered
+from specpilot.drafters.base import DraftContext, Drafter, is_tiered
 from specpilot.engine import (
     EngineConfig,
     GenerationConfig,
@@ -323,7 +323,7 @@ class BatchEngine:
             d = s.req.drafter
             whole = full and (asked is None or id(s) in asked)
             tree = DraftTree.empty()
-            if d is not None and (whole or (cheap and isinstance(d, Tiered))):
+            if d is not None and (whole or (cheap and is_tiered(d))):
                 td = time.perf_counter()
                 with kernel_range("drafter"):
                     ctx = DraftContext(s.committed, s.res.prompt_len, s.spec, join_chunks(s.hidden))
@@ -338,12 +338,12 @@ class BatchEngine:
                     s.full_at = self._steps + 1
                 assert tree.size <= s.spec.max_nodes, "drafter returned too many nodes"
             trees.append(tree)
-            alt.append(d.last_cheap if whole and isinstance(d, Tiered) else tree)
+            alt.append(d.last_cheap if whole and is_tiered(d) else tree)
         if sel is not None:
             for kind, n in count.items():
                 if n:
                     sel.note_draft(spent[kind], n, cheap=kind == "cheap", catchup=kind == "catchup")
-            tiered = any(isinstance(s.req.drafter, Tiered) for s in self.slots)
+            tiered = any(is_tiered(s.req.drafter) for s in self.slots)
             full_n = count["steady"] + count["catchup"]
             return sel.select(trees, packed=self.bcfg.packed, drafted=full_n,
                               cheap=count["cheap"], regimes=[s.regime for s in self.slots],

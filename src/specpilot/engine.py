@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from specpilot import kernels
-from specpilot.drafters.base import DraftContext, Drafter, Tiered
+from specpilot.drafters.base import DraftContext, Drafter, is_tiered
 from specpilot.errors import ConfigError, ContextLengthError
 from specpilot.goodput import Selector, next_regime
 from specpilot.goodput.curve import selector_curve
@@ -393,9 +393,9 @@ def _draft(
     full = sel is None or sel.should_draft()
     if sel is not None and not full:
         sel.note_skip()
-        if not (isinstance(drafter, Tiered) and sel.cheap_tier()):
+        if not (is_tiered(drafter) and sel.cheap_tier()):
             return _EMPTY, False
-    propose = drafter.propose if full or not isinstance(drafter, Tiered) else drafter.propose_cheap
+    propose = drafter.propose if full or not is_tiered(drafter) else drafter.propose_cheap
     td = time.perf_counter()
     with kernel_range("drafter"):
         tree = propose(context())
@@ -403,7 +403,7 @@ def _draft(
     res.draft_s += dt
     if sel is not None:
         sel.note_draft(dt, cheap=not full)
-        alt = [drafter.last_cheap] if full and isinstance(drafter, Tiered) else None
+        alt = [drafter.last_cheap] if full and is_tiered(drafter) else None
         tree = sel.select([tree], regimes=[regime], drafted=int(full), cheap=int(not full),
                           alternative=alt)[0]  # fmt: skip
     return tree, True

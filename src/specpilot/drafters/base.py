@@ -66,3 +66,16 @@ class Tiered(Protocol):
 
     def propose_cheap(self, ctx: DraftContext) -> DraftTree:
         """The cheap part's tree alone (``ctx.hidden`` is kept for the dear part)."""
+
+
+_TIERED: dict[type, bool] = {}
+
+
+def is_tiered(drafter: object) -> bool:
+    """``isinstance(drafter, Tiered)``, cached per class: a runtime-checkable protocol's check
+    walks its members on every call (~30 us), and the engines ask per step and sequence."""
+    t = type(drafter)
+    got = _TIERED.get(t)
+    if got is None:
+        got = _TIERED[t] = isinstance(drafter, Tiered)
+    return got
