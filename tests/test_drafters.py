@@ -553,3 +553,20 @@ def test_factory_rejects_bad_requests():
         )
     with pytest.raises(DrafterError, match="target model itself"):
         make_drafter("model", target=target, draft=target)
+
+
+def test_is_tiered_answers_like_isinstance_and_caches_per_class() -> None:
+    from specpilot.drafters.base import _TIERED, Tiered, is_tiered
+    from specpilot.drafters.suffix import SuffixDrafter
+
+    class Cheap:
+        def __init__(self) -> None:
+            self.last_cheap = DraftTree.empty()
+
+        def propose_cheap(self, ctx: DraftContext) -> DraftTree:
+            return self.last_cheap
+
+    for d in (Cheap(), SuffixDrafter()):
+        assert is_tiered(d) == isinstance(d, Tiered)
+        assert _TIERED[type(d)] == isinstance(d, Tiered)
+    assert is_tiered(Cheap()) and not is_tiered(SuffixDrafter())
