@@ -48,6 +48,10 @@ DEFAULT_BUDGET_TABLE: tuple[tuple[int, int], ...] = ((1, 16), (2, 8), (4, 6), (8
 """(batch size, draft nodes per sequence): the entry with the largest batch size <= B applies."""
 
 
+_EMPTY = DraftTree.empty()
+"""The tree of a sequence that does not draft this step: one shared instance (trees are read,
+never written), not four fresh tensors per sequence and step."""
+
 @dataclass(frozen=True)
 class VerifyBudget:
     """Draft nodes verified per step as a function of the batch size."""
@@ -313,7 +317,7 @@ class BatchEngine:
         if sel is not None and not full:
             sel.note_skip()
             if not cheap:
-                return [DraftTree.empty() for _ in self.slots]
+                return [_EMPTY] * len(self.slots)
         probe = self._probe_slots(sel) if sel is not None and full and sel.probing else None
         asked = None if probe is None else {id(s) for s in probe}
         trees, alt = [], []
@@ -322,7 +326,7 @@ class BatchEngine:
         for s in self.slots:
             d = s.req.drafter
             whole = full and (asked is None or id(s) in asked)
-            tree = DraftTree.empty()
+            tree = _EMPTY
             if d is not None and (whole or (cheap and is_tiered(d))):
                 td = time.perf_counter()
                 with kernel_range("drafter"):
