@@ -644,3 +644,33 @@ def test_shadow_waits_for_the_tokens_that_decide_a_node() -> None:
     sampled = DraftTree(tree.tokens, tree.parents, tree.depths, tree.scores, q=torch.ones(3, 10))
     sh.note("c", sampled, [], regime=2)  # rejection-sampled drafts are not scored
     assert "c" not in sh.pending
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_shadow_verdict_is_the_verifier_verdict(temperature: float) -> None:
+    """The premise of goodput.shadow: a deterministic draft node is accepted exactly when its
+    path equals the tokens committed after its root. Checked on every verified tree of real
+    decoding (greedy, and seeded sampling at temperature 1) with a flat curve that verifies
+    everything the suffix drafter proposes."""
+    from specpilot.goodput.shadow import decide
+
+    eng = _engines(True)
+    eng.generate(PROMPTS[0], GEN, drafter=SuffixDrafter())  # makes the selector
+    assert eng.selector is not None
+    eng.selector = Selector(CostCurve([1, 64], [0.010, 0.0101], smoothing=0.0))
+    checked = []
+    orig = eng.selector.observe
+
+    def observe(trees, paths, verify_s, packed=False, regimes=None, committed=None, keys=None):
+        assert committed is not None
+        for t, p, toks in zip(trees, paths, committed, strict=True):
+            if t.size:
+                checked.append(t.size)
+                assert decide(t, toks) == [i in set(p) for i in range(t.size)]
+        orig(trees, paths, verify_s, packed, regimes, committed, keys)
+
+    eng.selector.observe = observe  # type: ignore[method-assign]
+    gen = GenerationConfig(max_new_tokens=40, stop_on_eos=False, temperature=temperature, seed=7)
+    for p in PROMPTS:
+        eng.generate(p, gen, drafter=SuffixDrafter(), spec=TreeSpec(kind="chain", k=4))
+    assert sum(checked) >= 20
