@@ -364,10 +364,13 @@ def test_batched_goodput_is_lossless() -> None:
     slots = [beng.add(BatchRequest(list(p), GEN, drafter=d, spec=TreeSpec(kind="chain", k=4)))
              for p, d in zip(PROMPTS, [SuffixDrafter(), WrongDrafter(), PromptLookupDrafter()],
                              strict=True)]
+    shadowed = 0
     while beng.slots:
         beng.step()
+        assert beng.selector is not None and beng.selector.shadow is not None
+        shadowed = max(shadowed, len(beng.selector.shadow.pending))
     assert [s.res.tokens for s in slots] == refs
-    assert beng.selector is not None
+    assert shadowed > 0 and not beng.selector.shadow.pending  # finished sequences forgotten
 
 
 def _drafters(target: Any) -> dict[str, Callable[[], Any]]:
