@@ -367,7 +367,7 @@ def test_batched_goodput_is_lossless() -> None:
     shadowed = 0
     while beng.slots:
         beng.step()
-        assert beng.selector is not None and beng.selector.shadow is not None
+        assert beng.selector is not None
         shadowed = max(shadowed, len(beng.selector.shadow.pending))
     assert [s.res.tokens for s in slots] == refs
     assert shadowed > 0 and not beng.selector.shadow.pending  # finished sequences forgotten
@@ -633,16 +633,16 @@ def test_shadow_waits_for_the_tokens_that_decide_a_node() -> None:
     from specpilot.goodput.shadow import Shadow
 
     stats = AcceptanceStats()
-    sh = Shadow(stats)
+    sh = Shadow()
     tree = DraftTree.chain([4, 5, 6], [0.0, 0.0, 0.0])
     sh.note("a", tree, [0], regime=0)  # node 0 verified by the step itself: not counted here
-    sh.advance("a", [4])  # depth 2 and 3 undecided
+    sh.advance("a", [4], stats)  # depth 2 and 3 undecided
     assert not stats.proposed
-    sh.advance("a", [5, 9])
+    sh.advance("a", [5, 9], stats)
     assert stats.proposed == {(0, 2, 9): 1.0, (0, 3, 9): 1.0}
     assert stats.accepted == {(0, 2, 9): 1.0, (0, 3, 9): 0.0}
     sh.note("b", tree, [], regime=1)
-    sh.advance("b", [3])  # the root's child is wrong: everything under it is decided
+    sh.advance("b", [3], stats)  # the root's child is wrong: everything under it is decided
     assert stats.proposed[(1, 1, 9)] == 1.0 and stats.proposed[(1, 3, 9)] == 1.0
     sampled = DraftTree(tree.tokens, tree.parents, tree.depths, tree.scores, q=torch.ones(3, 10))
     sh.note("c", sampled, [], regime=2)  # rejection-sampled drafts are not scored

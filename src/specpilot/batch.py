@@ -52,6 +52,7 @@ _EMPTY = DraftTree.empty()
 """The tree of a sequence that does not draft this step: one shared instance (trees are read,
 never written), not four fresh tensors per sequence and step."""
 
+
 @dataclass(frozen=True)
 class VerifyBudget:
     """Draft nodes verified per step as a function of the batch size."""
@@ -299,7 +300,7 @@ class BatchEngine:
             last.row = slot.row
             self.slots[slot.row] = last
         self.slots.pop()
-        if self.selector is not None and self.selector.shadow is not None:
+        if self.selector is not None:
             self.selector.shadow.forget(id(slot))
         drafter = slot.req.drafter
         if drafter is not None:

@@ -65,16 +65,14 @@ class Selector:
     plain_steps: int = 0
     """Steps verified without draft nodes."""
 
-    shadow: Shadow | None = None
-    """Unverified draft nodes scored against the tokens committed after them
-    (:mod:`specpilot.goodput.shadow`; made on the statistics at construction)."""
+    shadow: Shadow = field(default_factory=Shadow)
+    """Unverified draft nodes waiting for the tokens that decide them
+    (:mod:`specpilot.goodput.shadow`), then counted in :attr:`stats`."""
     _drafted: list[tuple[DraftTree, list[int], int]] | None = None
     """This step's drafted trees, the nodes kept of each, and their regimes (:meth:`select`,
     consumed by :meth:`observe`)."""
 
     def __post_init__(self) -> None:
-        if self.shadow is None:
-            self.shadow = Shadow(self.stats)
         if not 0 <= self.hysteresis < 1:
             raise ConfigError(f"goodput hysteresis must be in [0, 1), got {self.hysteresis}")
         if self.probe_every < 1:
@@ -185,7 +183,6 @@ class Selector:
         probes' backoff starts afresh."""
         self.idle, self.probe_gap, self.bound_skips, self.last = 0, 0, 0, None
         self.full_pays, self.cheap_edge, self._fresh = None, None, True
-        assert self.shadow is not None
         self.shadow.clear()
         self._drafted = None
 
@@ -362,14 +359,13 @@ class Selector:
             self.stats.observe(t, p, r)
         drafted, self._drafted = self._drafted, None
         if committed is not None:
-            assert self.shadow is not None
             keys = keys if keys is not None else range(len(committed))
             if drafted is not None and len(drafted) == len(committed):
                 for key, (raw, keep, r) in zip(keys, drafted, strict=True):
                     if raw.size:
                         self.shadow.note(key, raw, keep, r)
             for key, toks in zip(keys, committed, strict=True):
-                self.shadow.advance(key, toks)
+                self.shadow.advance(key, toks, self.stats)
         width = max((t.size for t in trees), default=0)
         rows = len(trees) + sum(t.size for t in trees) if packed else len(trees) * (1 + width)
         self.log.append((len(trees), rows, self.curve(rows), verify_s))

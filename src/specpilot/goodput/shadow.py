@@ -62,7 +62,6 @@ class _Entry:
 class Shadow:
     """Unverified draft nodes per sequence, waiting for the tokens that decide them."""
 
-    stats: AcceptanceStats
     pending: dict[Hashable, list[_Entry]] = field(default_factory=dict)
 
     def note(self, key: Hashable, tree: DraftTree, verified: Sequence[int], regime: int) -> None:
@@ -72,8 +71,8 @@ class Shadow:
             return
         self.pending.setdefault(key, []).append(_Entry(tree, frozenset(verified), regime))
 
-    def advance(self, key: Hashable, tokens: Sequence[int]) -> None:
-        """``tokens`` were committed for ``key``: score the nodes they decide."""
+    def advance(self, key: Hashable, tokens: Sequence[int], stats: AcceptanceStats) -> None:
+        """``tokens`` were committed for ``key``: count the nodes they decide in ``stats``."""
         entries = self.pending.get(key)
         if not entries:
             return
@@ -85,7 +84,7 @@ class Shadow:
                 left.append(e)
                 continue
             nodes = [i for i in range(e.tree.size) if i not in e.skip]
-            self.stats.observe_nodes(e.tree, nodes, [bool(status[i]) for i in nodes], e.regime)
+            stats.observe_nodes(e.tree, nodes, [bool(status[i]) for i in nodes], e.regime)
         if left:
             self.pending[key] = left
         else:
