@@ -36,7 +36,11 @@ def decide(tree: DraftTree, after: Sequence[int]) -> list[bool | None]:
     >>> decide(t, [5]), decide(t, [5, 9]), decide(t, [7])
     ([True, None, None, False], [True, False, True, False], [False, False, False, True])
     """
-    tokens, parents, depths = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
+    return _decide(tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist(), after)
+
+
+def _decide(tokens: list[int], parents: list[int], depths: list[int],
+            after: Sequence[int]) -> list[bool | None]:  # fmt: skip
     out: list[bool | None] = []
     for tok, par, d in zip(tokens, parents, depths, strict=True):
         up = True if par < 0 else out[par]
@@ -55,6 +59,8 @@ class _Entry:
     skip: frozenset[int]
     """Nodes that were verified (counted by the step itself)."""
     regime: int
+    lists: tuple[list[int], list[int], list[int]]
+    """The tree's tokens, parents and depths (read once, not at every step it waits)."""
     after: list[int] = field(default_factory=list)
 
 
@@ -69,7 +75,8 @@ class Shadow:
         verified this step; the rest wait for :meth:`advance`. Sampled trees are skipped."""
         if tree.q is not None or tree.size <= len(verified):
             return
-        self.pending.setdefault(key, []).append(_Entry(tree, frozenset(verified), regime))
+        lists = (tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist())
+        self.pending.setdefault(key, []).append(_Entry(tree, frozenset(verified), regime, lists))
 
     def advance(self, key: Hashable, tokens: Sequence[int], stats: AcceptanceStats) -> None:
         """``tokens`` were committed for ``key``: count the nodes they decide in ``stats``."""
@@ -79,7 +86,7 @@ class Shadow:
         left = []
         for e in entries:
             e.after.extend(tokens)
-            status = decide(e.tree, e.after)
+            status = _decide(*e.lists, e.after)
             if any(s is None for s in status):
                 left.append(e)
                 continue
