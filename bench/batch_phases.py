@@ -1,0 +1,84 @@
+"""Batched plain vs speculative decoding in interleaved rounds, with the time of each phase of
+``BatchEngine.step`` (drafting, the verify forward, the budget's bookkeeping) per mode.
+
+    python bench/batch_phases.py BATCH --threads 2 --workload chat --numerics int8 \\
+        [--max-new-tokens 128] [--rounds 3] [--server-like]
+
+Takes ``specpilot bench``'s flags after the batch size; 32 prompts. ``--server-like`` leaves the
+queue length unknown at every step, as ``specpilot serve`` does. A diagnostic (it patches the
+engine's methods with timers); totals include prefill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+
+from specpilot import batch as batch_mod
+from specpilot.batch import BatchEngine, BatchRequest, run_batch
+from specpilot.bench_batch import batch_config_for
+from specpilot.cli import _setup, build_parser
+from specpilot.engine import GenerationConfig
+from specpilot.goodput.selector import Selector
+from specpilot.workloads import load_workload
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("batch", type=int)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--server-like", action="store_true")
+    own, rest = ap.parse_known_args(sys.argv[1:])
+    args = build_parser().parse_args(["bench", "--batch-size", str(own.batch), *rest])
+    loaded, engine, cands, _ = _setup(args)
+    tok, c = loaded.tokenizer, cands[0]
+    prompts = load_workload(args.workload or "humaneval", limit=32)
+    ids = [tok.encode_prompt(p.text, chat=p.chat) for p in prompts]
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    bcfg = batch_config_for(own.batch, ids, args.max_new_tokens, c.spec.max_nodes)
+    beng = BatchEngine(loaded.model, engine.cfg, bcfg, eos_ids=tok.eos_ids, detok=tok.decode)
+    spent: dict[tuple[str, str], float] = defaultdict(float)
+    cur = [""]
+
+    def timed(obj: object, name: str, key: str) -> None:
+        f = getattr(obj, name)
+
+        def g(*a, **k):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            r = f(*a, **k)
+            spent[(cur[0], key)] += time.perf_counter() - t
+            return r
+
+        setattr(obj, name, g)
+
+    timed(BatchEngine, "_propose", "propose")
+    timed(batch_mod, "verify_step", "verify")
+    timed(Selector, "observe", "observe")
+    timed(BatchEngine, "step", "step")
+    if own.server_like:
+        step = BatchEngine.step
+
+        def unknown_queue(self):  # type: ignore[no-untyped-def]
+            self.waiting = None
+            return step(self)
+
+        BatchEngine.step = unknown_queue  # type: ignore[method-assign]
+    total: dict[str, float] = defaultdict(float)
+    for _ in range(own.rounds):
+        for mode in ("plain", "spec"):
+            cur[0] = mode
+            spec = mode == "spec"
+            reqs = [BatchRequest(i, gen, c.make_drafter() if spec else None,
+                                 c.spec if spec else None) for i in ids]  # fmt: skip
+            t = time.perf_counter()
+            run_batch(beng, reqs)
+            total[mode] += time.perf_counter() - t
+    for mode, t in total.items():
+        parts = {k: f"{v:.3f}" for (m, k), v in spent.items() if m == mode}
+        print(f"{mode:5s} total {t:.2f} s  {parts}")
+
+
+if __name__ == "__main__":
+    main()
