@@ -220,6 +220,28 @@ def test_vector_paths_equal_portable_on_long_rows(name: str, isa: str) -> None:
         torch.set_num_threads(prev)
 
 
+@pytest.mark.skipif(not AVX2, reason="no AVX2 here")
+@pytest.mark.parametrize("isa", VECTOR)
+@pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q8_0"])
+def test_vector_paths_equal_portable_on_wide_many_row_calls(name: str, isa: str) -> None:
+    """Calls of many rows and many columns (the AMX path decodes 128-column chunks once for
+    all its 16-row blocks: several chunks per thread, a partial last chunk and strip, a
+    remainder row block): bit for bit, 1 and 2 threads."""
+    n, k = 291, k_for(name, 19)
+    raw = as_tensor(extreme_weight(name, n, k, seed=50))
+    prev = torch.get_num_threads()
+    try:
+        for m in (17, 40, 64):
+            x = extreme_rows(m, k, seed=52 + m)
+            ref = int8.gguf_matmul_int8(x, raw, qt(name), n, k, None, isa_code("portable"))
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                got = int8.gguf_matmul_int8(x, raw, qt(name), n, k, None, isa_code(isa))
+                assert torch.equal(bits(got), bits(ref)), (m, threads)
+    finally:
+        torch.set_num_threads(prev)
+
+
 def test_max_magnitude_products_are_exact() -> None:
     """Q8_0 weights of -128 against activations of -127 (the largest maddubs pair, 2 * 128 * 127):
     each block's integer sum is exact, so a row of them gives the exact fp32 result."""

@@ -15,11 +15,15 @@
 // accumulators of up to 16 rows stay in registers), then reduced pairwise (a_i + a_(i+4), + a_(i+2),
 // + a_1) and the bias added last. Integer sums are exact and every float step is the portable
 // path's, element by element: the same bits as every other path (tests/test_kernels_int8.py).
-// Called only after a run-time check that the CPU has AMX-INT8 and the kernel granted this
-// process the tile state (isa.h: cpu_has_amx).
+// Calls of more than 16 rows decode a chunk of strips (kChunk x 16 columns) once, B tiles and
+// widened scales into a per-thread buffer, and run every 16-row block against it (the same
+// tiles and the same float steps, so the same bits; what changes is only how often a block is
+// decoded). Called only after a run-time check that the CPU has AMX-INT8 and the kernel granted
+// this process the tile state (isa.h: cpu_has_amx).
 #include <immintrin.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "gemm_q8.h"
 #include "transpose512.h"
@@ -146,36 +150,77 @@ __attribute__((always_inline)) inline void btile(const uint8_t* const* row, __m5
   }
 }
 
-// Columns [c, c + nc) (nc <= 16) for rows [r0, r0 + RB), tiles configured for RB rows; n1: the
-// end of this call's columns (the next strip's weights are prefetched up to it).
-template <class W, int RB>
-void strip(const sp::Q8GemmArgs& a, int64_t c, int nc, int64_t n1, int64_t r0, int8_t* bbuf,
-           int32_t* cbuf) {
-  const int64_t nb = a.x.k / 32;
+// The 16 weight rows of the strip at column c (nc live; the others repeat the last live one) and
+// their byte offsets from row[0] (the gathers' index).
+struct StripRows {
   const uint8_t* row[16];
-  alignas(64) int32_t offs[16];
-  for (int i = 0; i < 16; ++i) {
-    row[i] = a.w + (c + (i < nc ? i : nc - 1)) * a.row_bytes;
-    offs[i] = static_cast<int32_t>((i < nc ? i : nc - 1) * a.row_bytes);
+  __m512i idx;
+  StripRows(const sp::Q8GemmArgs& a, int64_t c, int nc) {
+    alignas(64) int32_t offs[16];
+    for (int i = 0; i < 16; ++i) {
+      row[i] = a.w + (c + (i < nc ? i : nc - 1)) * a.row_bytes;
+      offs[i] = static_cast<int32_t>((i < nc ? i : nc - 1) * a.row_bytes);
+    }
+    idx = _mm512_load_si512(offs);
   }
-  const __m512i idx = _mm512_load_si512(offs);
-  // the next strip's weights, streamed in while this one runs (its lanes visit each row 8 times)
+};
+
+// The next strip's weights (up to n1), streamed in while this one runs.
+inline void prefetch_next(const sp::Q8GemmArgs& a, int64_t c, int64_t n1) {
   if (c + 16 < n1) {  // a.n is the row stride of y, past this part's columns in a fused call
     const int64_t next = n1 - (c + 16) < 16 ? n1 - (c + 16) : 16;
     const char* p = reinterpret_cast<const char*>(a.w + (c + 16) * a.row_bytes);
     for (int64_t o = 0; o < next * a.row_bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
   }
+}
+
+// The fp16 scale (and min) of block b of the strip's 16 columns, widened exactly.
+template <class W>
+inline void block_scales(const StripRows& s, int64_t b, __m512* sa, __m512* sm) {
+  const __m512i g = _mm512_i32gather_epi32(s.idx, s.row[0] + b * W::kBytes, 1);
+  *sa = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+  *sm = _mm512_setzero_ps();
+  if constexpr (W::kMin) *sm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+}
+
+// A strip's decoded blocks: nb B tiles of 512 bytes, then the widened scales and mins (nb x 16
+// floats each), as decode_strip writes them.
+struct Decoded {
+  const int8_t* tiles;
+  const float* sa;
+  const float* sm;
+};
+
+// Columns [c, c + nc) (nc <= 16) for rows [r0, r0 + RB), tiles configured for RB rows; n1: the
+// end of this call's columns (the next strip's weights are prefetched up to it). dec: the strip
+// decoded by decode_strip (its tiles and scales are read from there), or null (decoded here).
+template <class W, int RB>
+void strip(const sp::Q8GemmArgs& a, int64_t c, int nc, int64_t n1, int64_t r0, int8_t* bbuf,
+           int32_t* cbuf, const Decoded* dec = nullptr) {
+  const int64_t nb = a.x.k / 32;
+  const StripRows sr(a, c, nc);
+  const uint8_t* const* row = sr.row;
+  const __m512i idx = sr.idx;
+  if (dec == nullptr) prefetch_next(a, c, n1);  // its lanes visit each row 8 times
   const int8_t* xq = a.x.q + r0 * a.x.k;
   const float* xd = a.x.d + r0 * nb;
   const float* xs = a.x.s + r0 * nb;
   alignas(64) float lanes[8][RB][16];
+  // B tile of block b (decoded into buf, or in the decoded strip)
+  const auto tile_b = [&](int64_t b, int8_t* buf) -> const int8_t* {
+    if (dec != nullptr) return dec->tiles + 512 * b;
+    btile<W>(row, idx, b, buf);
+    return buf;
+  };
   // The float steps of block b from its int32 sums at cs: lane acc of the RB rows
   const auto fold = [&](int64_t b, const int32_t* cs, __m512* acc) {
-    // fp16 scale (and min) of block b of the 16 columns, widened exactly
-    const __m512i g = _mm512_i32gather_epi32(idx, row[0] + b * W::kBytes, 1);
-    const __m512 sa = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-    __m512 sm = _mm512_setzero_ps();
-    if constexpr (W::kMin) sm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+    __m512 sa, sm;
+    if (dec != nullptr) {
+      sa = _mm512_load_ps(dec->sa + 16 * b);
+      sm = W::kMin ? _mm512_load_ps(dec->sm + 16 * b) : _mm512_setzero_ps();
+    } else {
+      block_scales<W>(sr, b, &sa, &sm);
+    }
     for (int r = 0; r < RB; ++r) {
       const __m512 is = _mm512_cvtepi32_ps(_mm512_load_si512(cs + 16 * r));
       __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(sa, _mm512_set1_ps(xd[r * nb + b])), is, acc[r]);
@@ -188,14 +233,14 @@ void strip(const sp::Q8GemmArgs& a, int64_t c, int nc, int64_t n1, int64_t r0, i
     for (int r = 0; r < RB; ++r) acc[r] = _mm512_setzero_ps();
     int64_t b = j;
     for (; b + 8 < nb; b += 16) {  // blocks b and b + 8 of lane j, one tile set each
-      btile<W>(row, idx, b, bbuf);
-      btile<W>(row, idx, b + 8, bbuf + 512);
+      const int8_t* t0 = tile_b(b, bbuf);
+      const int8_t* t1 = tile_b(b + 8, bbuf + 512);
       SP_TILE_MEMORY();
-      _tile_loadd(2, bbuf, 64);
+      _tile_loadd(2, t0, 64);
       _tile_loadd(1, xq + 32 * b, a.x.k);
       _tile_zero(0);
       _tile_dpbssd(0, 1, 2);
-      _tile_loadd(5, bbuf + 512, 64);
+      _tile_loadd(5, t1, 64);
       _tile_loadd(4, xq + 32 * (b + 8), a.x.k);
       _tile_zero(3);
       _tile_dpbssd(3, 4, 5);
@@ -206,9 +251,9 @@ void strip(const sp::Q8GemmArgs& a, int64_t c, int nc, int64_t n1, int64_t r0, i
       fold(b + 8, cbuf + 256, acc);
     }
     if (b < nb) {
-      btile<W>(row, idx, b, bbuf);
+      const int8_t* t0 = tile_b(b, bbuf);
       SP_TILE_MEMORY();
-      _tile_loadd(2, bbuf, 64);
+      _tile_loadd(2, t0, 64);
       _tile_loadd(1, xq + 32 * b, a.x.k);
       _tile_zero(0);
       _tile_dpbssd(0, 1, 2);
@@ -233,31 +278,81 @@ void strip(const sp::Q8GemmArgs& a, int64_t c, int nc, int64_t n1, int64_t r0, i
   }
 }
 
+// Columns [n0, n1) for rows [r0, r0 + RB); dec: their strips decoded (decode_strip, one
+// Decoded per strip in order), or null.
 template <class W, int RB>
 void rows_tile(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1, int64_t r0, int8_t* bbuf,
-               int32_t* cbuf) {
+               int32_t* cbuf, const Decoded* dec) {
   for (int64_t c = n0; c < n1; c += 16) {
-    strip<W, RB>(a, c, static_cast<int>(n1 - c < 16 ? n1 - c : 16), n1, r0, bbuf, cbuf);
+    strip<W, RB>(a, c, static_cast<int>(n1 - c < 16 ? n1 - c : 16), n1, r0, bbuf, cbuf,
+                 dec != nullptr ? dec + (c - n0) / 16 : nullptr);
   }
 }
 
 template <class W, int RB = 1>
 void rows_dispatch(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1, int64_t r0, int rb,
-                   int8_t* bbuf, int32_t* cbuf) {
+                   int8_t* bbuf, int32_t* cbuf, const Decoded* dec = nullptr) {
   if constexpr (RB < 16) {
-    if (rb > RB) return rows_dispatch<W, RB + 1>(a, n0, n1, r0, rb, bbuf, cbuf);
+    if (rb > RB) return rows_dispatch<W, RB + 1>(a, n0, n1, r0, rb, bbuf, cbuf, dec);
   }
-  rows_tile<W, RB>(a, n0, n1, r0, bbuf, cbuf);
+  rows_tile<W, RB>(a, n0, n1, r0, bbuf, cbuf, dec);
+}
+
+// Strips per decoded chunk: 128 columns, 8 x nb x 576 bytes (74 KB at k = 576, 221 KB at
+// k = 1536), so a chunk stays in L2 while every row block reads it.
+constexpr int64_t kChunk = 8;
+
+// Decode the strip at column c: its nb B tiles and widened scales into out (Decoded's layout:
+// nb x 512 bytes of tiles, then nb x 16 scales, then nb x 16 mins).
+template <class W>
+Decoded decode_strip(const sp::Q8GemmArgs& a, int64_t c, int nc, int64_t n1, int8_t* out) {
+  const int64_t nb = a.x.k / 32;
+  const StripRows sr(a, c, nc);
+  prefetch_next(a, c, n1);
+  float* sa = reinterpret_cast<float*>(out + 512 * nb);
+  float* sm = sa + 16 * nb;
+  for (int64_t b = 0; b < nb; ++b) {
+    btile<W>(sr.row, sr.idx, b, out + 512 * b);
+    __m512 va, vm;
+    block_scales<W>(sr, b, &va, &vm);
+    _mm512_store_ps(sa + 16 * b, va);
+    _mm512_store_ps(sm + 16 * b, vm);
+  }
+  return Decoded{out, sa, sm};
 }
 
 template <class W>
 void run(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1) {
   alignas(64) int8_t bbuf[2 * 512];
   alignas(64) int32_t cbuf[2 * 16 * 16];
-  for (int64_t r0 = 0; r0 < a.x.m; r0 += 16) {
-    const int rb = static_cast<int>(a.x.m - r0 < 16 ? a.x.m - r0 : 16);
-    configure(rb);
-    rows_dispatch<W>(a, n0, n1, r0, rb, bbuf, cbuf);
+  const int64_t m = a.x.m;
+  if (m <= 16) {  // one row block: each block decoded where it is used
+    configure(static_cast<int>(m));
+    rows_dispatch<W>(a, n0, n1, 0, static_cast<int>(m), bbuf, cbuf);
+    _tile_release();
+    return;
+  }
+  // more rows: each chunk of strips decoded once, then every row block against it
+  const int64_t nb = a.x.k / 32, bytes = 512 * nb + 2 * 64 * nb;  // per strip, 64-byte multiple
+  thread_local std::vector<int8_t> store;
+  if (store.size() < static_cast<size_t>(kChunk * bytes + 64)) store.resize(kChunk * bytes + 64);
+  int8_t* buf = reinterpret_cast<int8_t*>(
+      (reinterpret_cast<uintptr_t>(store.data()) + 63) & ~static_cast<uintptr_t>(63));
+  Decoded dec[kChunk];
+  int configured = -1;
+  for (int64_t c0 = n0; c0 < n1; c0 += 16 * kChunk) {
+    const int64_t c1 = n1 - c0 < 16 * kChunk ? n1 : c0 + 16 * kChunk;
+    for (int64_t c = c0; c < c1; c += 16) {
+      dec[(c - c0) / 16] = decode_strip<W>(a, c, static_cast<int>(c1 - c < 16 ? c1 - c : 16),
+                                           n1, buf + bytes * ((c - c0) / 16));
+    }
+    SP_TILE_MEMORY();
+    for (int64_t r0 = 0; r0 < m; r0 += 16) {
+      const int rb = static_cast<int>(m - r0 < 16 ? m - r0 : 16);
+      if (rb != configured) configure(rb);
+      configured = rb;
+      rows_dispatch<W>(a, c0, c1, r0, rb, bbuf, cbuf, dec);
+    }
   }
   _tile_release();
 }
