@@ -160,6 +160,45 @@ def test_thread_split_and_isas_give_the_same_bits() -> None:
         assert torch.equal(bits(o), bits(outs[0]))
 
 
+def prefill_mask(kind: str, t: int, length: int, seed: int) -> torch.Tensor | None:
+    """(1, t, length): the last t slots are the rows' own. ``causal``: row i sees slots up to its
+    own; ``tree``: row i sees the prefix, its ancestors in a random tree over the t rows (parent
+    of node i: a node before it, or none) and itself; ``none``: every row sees all."""
+    past = length - t
+    if kind == "none":
+        return None
+    if kind == "causal":
+        return causal_mask(past, t, length, torch.device("cpu"))
+    g = torch.Generator().manual_seed(seed)
+    m = torch.zeros(1, t, length, dtype=torch.bool)
+    m[0, :, :past] = True
+    for i in range(t):
+        parent = int(torch.randint(-1, i, (1,), generator=g)) if i else -1
+        m[0, i, past + i] = True
+        if parent >= 0:
+            m[0, i] |= m[0, parent]
+    return m
+
+
+@pytest.mark.skipif("avx512" not in ISAS, reason="the CPU (or the build) has no AVX-512 path")
+@pytest.mark.parametrize("hd", [64, 32, 24, 40, 12])  # 24, 40: a half register; 12: portable
+@pytest.mark.parametrize("h,hk", [(4, 4), (9, 3), (8, 2), (10, 2), (12, 2)])  # groups 1-6
+@pytest.mark.parametrize("kind", ["causal", "tree", "none"])
+def test_avx512_avx2_portable_same_bits_on_prefill_shapes(kind, h, hk, hd) -> None:  # type: ignore[no-untyped-def]
+    """The AVX-512 path against the AVX2 and portable ones, bit for bit, on prefill / verify
+    shapes: 1 to 70 query rows sharing most of up to 300 keys, tiles of every size (groups of
+    1, 3, 4, 5, 6 heads), full and half last registers."""
+    for t, length in [(1, 1), (1, 250), (2, 9), (5, 130), (8, 250), (16, 17), (33, 300), (70, 70),
+                      (70, 291)]:  # fmt: skip
+        seed = 1000 * t + length + hd
+        q, k, v = inputs(1, h, hk, t, hd, length, seed)
+        mask = prefill_mask(kind, t, length, seed)
+        outs = {isa: kernels.fixed_attention(q, k, v, length, mask, None, isa)
+                for isa in ("portable", "avx2", "avx512")}  # fmt: skip
+        for isa in ("avx2", "avx512"):
+            assert torch.equal(bits(outs[isa]), bits(outs["portable"])), (isa, t, length)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_rank_not_slot_orders_the_keys(isa: str) -> None:
     """A tree row sees the prefix and its ancestors at scattered slots; the plain-decoding row at

@@ -1,17 +1,21 @@
 """``specpilot::rope_attention`` (RoPE + KV-cache write + attention of one layer in one op) is
 bit-identical to the three steps it fuses: ``rope_qk``, :meth:`KVCache.write` and the fixed
 attention; for one row, tree-scattered slots, batched per-row slots with a cache row offset, and
-Gemma's q/k norms with a sliding-window mask; on the portable and the AVX2 path."""
+Gemma's q/k norms with a sliding-window mask; on the portable, AVX2 and (where the CPU has it)
+AVX-512 paths, which also give each other's bits."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from specpilot import kernels
 from specpilot.kernels import rowops
 from specpilot.kvcache import KVCache
 
 pytestmark = pytest.mark.skipif(not rowops.available(), reason="native kernels unavailable")
+
+ISAS = [i for i in ("portable", "avx2", "avx512") if i in kernels.runnable_isas()]
 
 H, HK, HD, LEN = 6, 2, 16, 40
 
@@ -59,7 +63,8 @@ def _fused(inp, cache, slots, kv_len, mask, rows, scale, isa):  # type: ignore[n
 
 
 def _check(b, t, slots, kv_len, mask, rows=None, cache_b=None, norms=False, scale=None):  # type: ignore[no-untyped-def]  # fmt: skip
-    for isa in ("portable", "avx2"):
+    first = None
+    for isa in ISAS:
         inp = _inputs(b, t, 7, norms)
         ref_c, new_c = _cache(cache_b or b, 3), _cache(cache_b or b, 3)
         want = _reference(inp, ref_c, slots, kv_len, mask, rows, scale, isa)
@@ -67,6 +72,8 @@ def _check(b, t, slots, kv_len, mask, rows=None, cache_b=None, norms=False, scal
         assert got.shape == want.shape
         assert torch.equal(got, want), isa
         assert torch.equal(new_c.k, ref_c.k) and torch.equal(new_c.v, ref_c.v), isa
+        first = got if first is None else first
+        assert torch.equal(got.view(torch.int32), first.view(torch.int32)), isa
 
 
 def test_one_row_contiguous_slot() -> None:

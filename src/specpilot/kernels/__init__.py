@@ -67,14 +67,18 @@ row lets it see (None: all ``kv_len``), and nothing else:
    one fp32 multiply by the scale (rounded to fp32; default 1/sqrt(hd)).
 3. ``m = max_i score_i`` (exact in any order); ``p_i = fixed_exp(score_i - m)``: one exp written
    with explicit fma only (1.5*2^23 rounding, Cephes' two-step ln 2 reduction, a degree-5
-   polynomial; below -87.33654 it gives +0), the same steps in the portable and AVX2 code.
+   polynomial; below -87.33654 it gives +0), the same steps in the portable, AVX2 and AVX-512
+   code.
 4. ``l``: the p_i summed in 8 lanes (lane i % 8, increasing i, from +0), the same reduction.
 5. ``o[d] = fma(p_i, v_i[d], o[d])`` from +0 in increasing i; divide last: ``out = o / l``.
 6. A row that sees no key is zeros (no NaN); in the model every row sees at least itself.
 
 Threads split the rows (b, h, t), never the keys of a row, so the bits do not depend on the
-number of query rows, a row's position among them, the batch, the thread count or the ISA.
-Tests: tests/test_attention_kernel.py.
+number of query rows, a row's position among them, the batch, the thread count or the ISA:
+portable, AVX2 and AVX-512 give the same bits. (The AVX-512 path holds two query heads' 8 score
+lanes for one key side by side in one 512-bit accumulator and 16 head-dim elements of the
+weighted sum per register; each half is still the 8-lane chain above, each element the chain of
+step 5: csrc/attention_avx512.cpp.) Tests: tests/test_attention_kernel.py.
 
 Row-op contract (:mod:`specpilot.kernels.rowops`: ``rms_norm``, ``add_rms_norm``, ``rope_qk``,
 ``glu``; fp32). Each output row is computed from its own input row (and the op's weights, its

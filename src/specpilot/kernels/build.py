@@ -46,8 +46,9 @@ AVX2_UNITS = ("gemm_avx2.cpp", "gemm_q8_avx2.cpp", "attention_avx2.cpp",
 """Kernels compiled with AVX2_FLAGS (x86 only), called after a run-time CPU check."""
 AVX512_FLAGS = (*AVX2_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl",
                 "-mavx512vnni")
-AVX512_UNITS = ("gemm_avx512.cpp", "gemm_q8_avx512.cpp")
-"""The GEMMs compiled with AVX512_FLAGS (x86 only), called after a run-time CPU check."""
+AVX512_UNITS = ("gemm_avx512.cpp", "gemm_q8_avx512.cpp", "attention_avx512.cpp")
+"""The GEMMs and the attention compiled with AVX512_FLAGS (x86 only), called after a run-time
+CPU check."""
 AMX_FLAGS = (*AVX512_FLAGS, "-mamx-tile", "-mamx-int8")
 AMX_UNITS = ("gemm_q8_amx.cpp",)
 """The int8 GEMM's AMX schedule, compiled with AMX_FLAGS (x86 only), called after a run-time

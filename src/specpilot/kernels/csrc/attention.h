@@ -1,5 +1,5 @@
-// Batch-invariant fp32 attention: the argument block and the one exp (fixed_exp.h) both ISA
-// paths share.
+// Batch-invariant fp32 attention: the argument block and the one exp (fixed_exp.h) the ISA
+// paths (portable, AVX2, AVX-512) share.
 //
 // Row r = (b, h, t) of the output is computed from q[b, h, t], the keys/values its mask row
 // lets it see, and nothing else (see the kernels package docstring for the order). Strides are
@@ -45,5 +45,8 @@ extern "C" void sp_attention_scalar(const sp::AttnArgs* a, int64_t r0, int64_t r
                                     int32_t* idx);
 extern "C" void sp_attention_avx2(const sp::AttnArgs* a, int64_t r0, int64_t r1, float* work,
                                   int32_t* idx);
+extern "C" void sp_attention_avx512(const sp::AttnArgs* a, int64_t r0, int64_t r1, float* work,
+                                    int32_t* idx);
 extern "C" void sp_exp_scalar(const float* x, float* y, int64_t n);
 extern "C" void sp_exp_avx2(const float* x, float* y, int64_t n);
+extern "C" void sp_exp_avx512(const float* x, float* y, int64_t n);

@@ -1,6 +1,8 @@
 // Torch ops `specpilot::attention`, `specpilot::rope_attention` (RoPE + cache write + attention
 // of one layer in one call) and `specpilot::fixed_exp`: checks, threads, ISA dispatch.
 //
+// ISA: the path sp::pick_isa gives, AVX-512 (attention_avx512.cpp) under isa 3 and 4 where the
+// build has it (no SP_NO_AVX512), else AVX2, else portable; every path gives the same bits.
 // Threads split the output rows (b, h, t), taken in (b, t, h) order (at::parallel_for over them);
 // the keys of a row are never split, so a thread count changes only which thread computes a row,
 // never how. rope_attention runs the rope_qk row kernels (rowops.h) and the attention kernels on
@@ -18,8 +20,6 @@
 
 namespace {
 
-using sp::use_avx2;
-
 at::Tensor last_contiguous(const at::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
 
 void check_kv(const at::Tensor& x, const char* name, int64_t b, int64_t hd, int64_t kv_len) {
@@ -30,16 +30,22 @@ void check_kv(const at::Tensor& x, const char* name, int64_t b, int64_t hd, int6
               kv_len, ", ", hd, ") with a contiguous last dimension");
 }
 
-// The attention kernels over rows (b, h, t) of `a`, split over threads.
-void run_attention(const sp::AttnArgs& a, bool avx2) {
+// The attention kernels of path `path` (sp::pick_isa) over rows (b, h, t) of `a`, split over
+// threads.
+void run_attention(const sp::AttnArgs& a, int path) {
   const int64_t rows = a.B * a.H * a.T, kv_len = a.kv_len, hd = a.hd;
   if (rows == 0) return;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, kv_len * hd));
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    std::vector<float> work(static_cast<size_t>(4 * (kv_len + 16) + hd));  // 4 rows' scores
-    std::vector<int32_t> idx(static_cast<size_t>(kv_len + 8));
-    if (avx2) {
+    // 4 rows' scores, then (AVX-512) 4 rows of packed q / (portable) one row's sums; the visible
+    // slots, with room for the AVX-512 scores' padding
+    std::vector<float> work(static_cast<size_t>(4 * (kv_len + 16) + 4 * hd));
+    std::vector<int32_t> idx(static_cast<size_t>(kv_len + 16));
+    if (path >= 2) {
 #if !defined(SP_NO_AVX2)
+#if !defined(SP_NO_AVX512)
+      if (path >= 3) return sp_attention_avx512(&a, r0, r1, work.data(), idx.data());
+#endif
       sp_attention_avx2(&a, r0, r1, work.data(), idx.data());
 #endif
     } else {
@@ -76,7 +82,7 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k, const at::Tens
   const int64_t Hk = k.size(1);
   TORCH_CHECK(v.size(1) == Hk && Hk > 0 && H % Hk == 0, "specpilot: ", H,
               " query heads do not group over ", Hk, " kv heads");
-  const bool avx2 = use_avx2(isa);
+  const int path = sp::pick_isa(isa);
   at::Tensor out = at::empty({B, T, H, hd}, q.options()).transpose(1, 2);  // (B, H, T, hd)
   sp::AttnArgs a{q.data_ptr<float>(), q.stride(0), q.stride(1), q.stride(2),
                  k.data_ptr<float>(), k.stride(0), k.stride(1), k.stride(2),
@@ -85,7 +91,7 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k, const at::Tens
                  out.data_ptr<float>(), out.stride(0), out.stride(1), out.stride(2),
                  B, H, T, Hk, hd, kv_len, static_cast<float>(scale)};
   const at::Tensor mask = set_mask(a, mask_in);
-  run_attention(a, avx2);
+  run_attention(a, path);
   return out;
 }
 
@@ -170,7 +176,8 @@ at::Tensor rope_attention(const at::Tensor& qkv_in, const at::Tensor& cos_in,
                       sin.data_ptr<float>(), qw.defined() ? qw.data_ptr<float>() : nullptr,
                       kw.defined() ? kw.data_ptr<float>() : nullptr, static_cast<float>(eps),
                       offset ? 1 : 0, n_q, n_k, hd, y.data_ptr<float>()};
-  const bool avx2 = use_avx2(isa);
+  const int path = sp::pick_isa(isa);
+  const bool avx2 = path >= 2;
   if (rows > 0) {
     const int64_t grain = std::max<int64_t>(1, 16384 / (heads * hd));  // as rope_qk
     at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
@@ -201,7 +208,7 @@ at::Tensor rope_attention(const at::Tensor& qkv_in, const at::Tensor& cos_in,
                  out.data_ptr<float>(), T * n_q * hd, hd, n_q * hd,
                  batch, n_q, T, n_k, hd, kv_len, static_cast<float>(scale)};
   const at::Tensor mask = set_mask(a, mask_in);
-  run_attention(a, avx2);
+  run_attention(a, path);
   return out;
 }
 
@@ -210,8 +217,15 @@ at::Tensor fixed_exp(const at::Tensor& x_in, int64_t isa) {
               "specpilot: fixed_exp takes a CPU float32 tensor");
   const at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty_like(x);
-  if (use_avx2(isa)) {
+  const int path = sp::pick_isa(isa);
+  if (path >= 2) {
 #if !defined(SP_NO_AVX2)
+#if !defined(SP_NO_AVX512)
+    if (path >= 3) {
+      sp_exp_avx512(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+      return y;
+    }
+#endif
     sp_exp_avx2(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
 #endif
   } else {

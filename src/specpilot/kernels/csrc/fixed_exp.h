@@ -1,5 +1,6 @@
 // The one exp of the kernels (the attention's softmax and the gated activations' sigmoid):
-// scalar and, in AVX2 + FMA units, 8-lane, the same operations in the same order.
+// scalar, in AVX2 + FMA units 8-lane and in AVX-512 units 16-lane, the same operations in the
+// same order.
 //
 // exp on fp32 with explicit fma only (no libm), so every path that follows these steps gives
 // the same bits: round x*log2(e) to n (nearest even, the 1.5*2^23 trick), reduce
@@ -7,7 +8,7 @@
 // y = fma(p, r*r, r) + 1, times 2^n. x is clamped to <= 88; x < -87.33654 (2^n would leave the
 // normal range) gives +0; NaN stays NaN. Relative error ~2 ulp.
 //
-// Every function here has internal linkage (static inline): the portable and the AVX2 units
+// Every function here has internal linkage (static inline): the portable, AVX2 and AVX-512 units
 // each get their own copy, compiled with their own flags.
 #pragma once
 
@@ -15,7 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if (defined(__AVX2__) && defined(__FMA__)) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -77,6 +78,31 @@ static inline __m256 exp8(__m256 x) {
   const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, z, r), _mm256_set1_ps(1.0f));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+#endif
+
+#if defined(__AVX512F__)
+// exp1 lane by lane, 16 lanes: exp8's steps; an underflowing lane is zeroed by its mask bit.
+static inline __m512 exp16(__m512 x) {
+  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kLo), _CMP_LT_OQ);
+  x = _mm512_min_ps(_mm512_set1_ps(kHi), x);  // NaN stays NaN (min returns x)
+  const __m512 magic = _mm512_set1_ps(kMagic);
+  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), magic);
+  const __m512 n = _mm512_sub_ps(t, magic);
+  const __m512i ni = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(magic));
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kC1), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kC2), r);
+  __m512 p = _mm512_set1_ps(kP0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
+  const __m512 z = _mm512_mul_ps(r, r);
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, z, r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(ni, _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~under),
+                             _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
 }
 #endif
 

@@ -1,11 +1,12 @@
 // The run-time ISA choice of the op registration units, in one place. The AVX2 kernel units are
 // compiled with -mavx2 -mfma -mf16c, so the AVX2 path runs only where the CPU has all three; the
-// AVX-512 units (the GEMMs: gemm_avx512.cpp, gemm_q8_avx512.cpp) add AVX-512 F/BW/DQ/VL and VNNI
-// and run only where the CPU has those too; the AMX unit (gemm_q8_amx.cpp, the int8 profile's
-// block dot products on AMX-INT8 tiles) runs only where the CPU has AMX-INT8 as well and the
-// kernel grants this process the tile state. Every path gives the same bits (the contracts of
-// kernels/__init__.py); ops without an AVX-512 unit (attention, row ops) run their AVX2 path
-// under isa 3 and 4, ops without an AMX unit (all but the int8 GEMM) their AVX-512 path under 4.
+// AVX-512 units (the GEMMs: gemm_avx512.cpp, gemm_q8_avx512.cpp; the attention and its exp:
+// attention_avx512.cpp) add AVX-512 F/BW/DQ/VL and VNNI and run only where the CPU has those
+// too; the AMX unit (gemm_q8_amx.cpp, the int8 profile's block dot products on AMX-INT8 tiles)
+// runs only where the CPU has AMX-INT8 as well and the kernel grants this process the tile
+// state. Every path gives the same bits (the contracts of kernels/__init__.py); ops without an
+// AVX-512 unit (the row ops) run their AVX2 path under isa 3 and 4, ops without an AMX unit (all
+// but the int8 GEMM) their AVX-512 path under 4.
 // isa: 0 = auto (the widest the CPU has), 1 = portable, 2 = avx2, 3 = avx512, 4 = amx
 // (kernels/linear.py ISAS; SPECPILOT_KERNELS_ISA).
 #pragma once
