@@ -39,6 +39,22 @@ inline float reduce8(const float* a) {
   return t0 + t1;
 }
 
+// Rows [r0, r1) in (b, t, h) order, the heads of one kv group in runs of up to 4:
+// run(R, b, t, h0) computes rows h0 .. h0 + R - 1 of (b, t) (R = 1..4; the vector paths' tiles).
+template <class Run>
+inline void for_each_head_run(const AttnArgs& a, int64_t r0, int64_t r1, Run&& run) {
+  const int64_t group = a.H / a.Hk;
+  int64_t r = r0;
+  while (r < r1) {
+    const int64_t h = r % a.H, t = (r / a.H) % a.T, b = r / (a.H * a.T);
+    const int64_t left = (r1 - r) < ((h / group + 1) * group - h) ? (r1 - r)
+                                                                   : ((h / group + 1) * group - h);
+    const int R = left >= 4 ? 4 : static_cast<int>(left);
+    run(R, b, t, h);
+    r += R;
+  }
+}
+
 }  // namespace sp
 
 extern "C" void sp_attention_scalar(const sp::AttnArgs* a, int64_t r0, int64_t r1, float* work,

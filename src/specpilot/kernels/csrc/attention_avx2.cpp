@@ -197,26 +197,13 @@ extern "C" void sp_attention_avx2(const sp::AttnArgs* a, int64_t r0, int64_t r1,
     sp_attention_scalar(a, r0, r1, work, idx);
     return;
   }
-  // rows in (b, t, h) order; the heads of one kv group run together in tiles of 4, 3, 2 or 1
-  const int64_t group = a->H / a->Hk;
-  int64_t r = r0;
-  while (r < r1) {
-    const int64_t h = r % a->H, t = (r / a->H) % a->T, b = r / (a->H * a->T);
-    const int64_t left = std::min(r1 - r, (h / group + 1) * group - h);
-    if (left >= 4) {
-      tile<4>(*a, b, t, h, work, idx);
-      r += 4;
-    } else if (left == 3) {
-      tile<3>(*a, b, t, h, work, idx);
-      r += 3;
-    } else if (left == 2) {
-      tile<2>(*a, b, t, h, work, idx);
-      r += 2;
-    } else {
-      tile<1>(*a, b, t, h, work, idx);
-      r += 1;
-    }
-  }
+  // the heads of one kv group run together in tiles of 4, 3, 2 or 1
+  sp::for_each_head_run(*a, r0, r1, [&](int R, int64_t b, int64_t t, int64_t h) {
+    if (R == 4) return tile<4>(*a, b, t, h, work, idx);
+    if (R == 3) return tile<3>(*a, b, t, h, work, idx);
+    if (R == 2) return tile<2>(*a, b, t, h, work, idx);
+    tile<1>(*a, b, t, h, work, idx);
+  });
 }
 
 extern "C" void sp_exp_avx2(const float* x, float* y, int64_t n) {

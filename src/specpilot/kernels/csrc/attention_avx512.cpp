@@ -228,27 +228,15 @@ extern "C" void sp_attention_avx512(const sp::AttnArgs* a, int64_t r0, int64_t r
   // row (kv groups of one head, a thread's first or last rows) runs the AVX2 path's tile: it would
   // fill half of each score register here, and its weighted sum waits on the fma latency at
   // either width.
-  const int64_t group = a->H / a->Hk;
   if (a->hd % 8 != 0) return sp_attention_scalar(a, r0, r1, work, idx);
-  if (group == 1) return sp_attention_avx2(a, r0, r1, work, idx);
-  int64_t r = r0;
-  while (r < r1) {
-    const int64_t h = r % a->H, t = (r / a->H) % a->T, b = r / (a->H * a->T);
-    const int64_t left = std::min(r1 - r, (h / group + 1) * group - h);
-    if (left >= 4) {
-      tile<4>(*a, b, t, h, work, idx);
-      r += 4;
-    } else if (left == 3) {
-      tile<3>(*a, b, t, h, work, idx);
-      r += 3;
-    } else if (left == 2) {
-      tile<2>(*a, b, t, h, work, idx);
-      r += 2;
-    } else {
-      sp_attention_avx2(a, r, r + 1, work, idx);
-      r += 1;
-    }
-  }
+  if (a->H == a->Hk) return sp_attention_avx2(a, r0, r1, work, idx);
+  sp::for_each_head_run(*a, r0, r1, [&](int R, int64_t b, int64_t t, int64_t h) {
+    if (R == 4) return tile<4>(*a, b, t, h, work, idx);
+    if (R == 3) return tile<3>(*a, b, t, h, work, idx);
+    if (R == 2) return tile<2>(*a, b, t, h, work, idx);
+    const int64_t r = (b * a->T + t) * a->H + h;  // the row's index in (b, t, h) order
+    sp_attention_avx2(a, r, r + 1, work, idx);
+  });
 }
 
 extern "C" void sp_exp_avx512(const float* x, float* y, int64_t n) {
