@@ -145,7 +145,9 @@ def test_probes_back_off_while_plain_decoding_wins_and_reset_when_nodes_pay() ->
         else:
             sel.note_skip()
     gaps = [b - a for a, b in itertools.pairwise(probes)]
-    assert gaps[:5] == [8, 16, 32, 32, 32], gaps
+    # the first draft caught up on the prompt: the next step drafts once more to time a steady
+    # one (a probe that chose plain decoding too), then the gaps double up to the cap
+    assert probes[:2] == [0, 1] and gaps[1:5] == [16, 32, 32, 32], probes
     sel.curve = CostCurve([1, 64], [0.010, 0.0101])  # rows nearly free: the next probe drafts
     while not sel.should_draft():
         sel.note_skip()
@@ -165,7 +167,7 @@ def test_a_probe_that_cannot_pay_even_in_the_best_case_is_skipped_a_few_times_in
         sel = Selector(curve, probe_every=2, max_probe_gap=2, max_bound_skips=skips)
         for _ in range(20):
             sel.stats.observe(sure, [0, 1, 2, 3])
-        sel.note_draft(0.005)
+        sel.note_draft(0.005, catchup=False)  # a steady draft's cost is known
         sel.select([sure])
         sel.last = choose([[]] * batch, curve, 0.005)  # plain decoding chosen
         out = []
@@ -199,7 +201,7 @@ def test_a_new_sequence_drafts_first_and_restarts_the_backoff() -> None:
     weak = DraftTree.chain([1, 2], [math.log(0.95)] * 2)
     for _ in range(50):
         sel.stats.observe(weak, [])  # never accepted
-    sel.note_draft(0.004)
+    sel.note_draft(0.004, catchup=False)
     sel.select([weak])
     sel.last = choose([[]], curve, sel.draft_s)  # plain decoding won
     sel.probe_gap, sel.bound_skips = 64, 2
@@ -235,7 +237,9 @@ def test_a_tiered_drafter_runs_its_dear_part_every_step_only_while_it_pays() -> 
             sel.observe(out, [list(range(out[0].size))], curve(1 + out[0].size))
         return fulls
 
-    assert run(0.05) == [0, 4, 12]  # probes back off: 4, then 8 steps
+    # the first draft caught up (a fresh context): step 1 times a steady one, then the probes
+    # back off (8 steps: the steady draft counted as a probe that chose plain decoding)
+    assert run(0.05) == [0, 1, 9]
     assert run(0.95) == list(range(24))
     sel = Selector(curve)
     sel.note_draft(0.0001, cheap=True)
@@ -677,3 +681,23 @@ def test_the_shadow_verdict_is_the_verifier_verdict(temperature: float) -> None:
     for p in PROMPTS:
         eng.generate(p, gen, drafter=SuffixDrafter(), spec=TreeSpec(kind="chain", k=4))
     assert sum(checked) >= 20
+
+
+def test_a_draft_that_caught_up_is_followed_by_one_that_times_a_steady_draft() -> None:
+    """The first draft of a context catches up on the prompt (a head at batch 4: 15-30 ms
+    against ~3.5 ms a steady step); judged by that cost alone the drafter never drafted two
+    steps in a row, so its steady cost was never measured and it stayed off where it paid.
+    One more draft follows a catch-up until a steady one is timed; after that, plain decoding
+    holds until the next probe."""
+    flat = CostCurve([1, 2], [0.010, 0.020])
+    sel = Selector(flat, probe_every=8)
+    weak = DraftTree.chain([1, 2], [math.log(0.3), math.log(0.1)])
+    assert sel.should_draft()
+    sel.note_draft(0.030)  # a catch-up
+    sel.select([weak])
+    assert sel.full_on is False and sel.draft_s == 0.030
+    assert sel.should_draft()  # once more: a steady draft
+    sel.note_draft(0.002)
+    sel.select([weak])
+    assert sel.draft_s == 0.002 and sel.probe_s == 0.030
+    assert not sel.should_draft()  # steady cost known: back to the probes' backoff

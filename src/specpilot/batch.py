@@ -19,13 +19,13 @@ accepted, ``exp(score)`` with the drafter's cumulative log-probability score.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
-from specpilot.drafters.base import DraftContext, Drafter, is_tiered
+from specpilot.drafters.base import DraftContext, Drafter, is_tiered, propose_all
 from specpilot.engine import (
     EngineConfig,
     GenerationConfig,
@@ -37,6 +37,7 @@ from specpilot.engine import (
 )
 from specpilot.errors import ConfigError, ContextLengthError
 from specpilot.goodput import Selector, allocate_nodes, next_regime
+from specpilot.goodput.choice import VerifyBudget
 from specpilot.goodput.curve import selector_curve
 from specpilot.model import Transformer
 from specpilot.profiling import kernel_range
@@ -44,46 +45,9 @@ from specpilot.sampling import Sampler
 from specpilot.tree import DraftTree, TreeSpec
 from specpilot.verify import VerifyRow, check_fixed_spec, prefill, verify_step
 
-DEFAULT_BUDGET_TABLE: tuple[tuple[int, int], ...] = ((1, 16), (2, 8), (4, 6), (8, 4), (16, 2))
-"""(batch size, draft nodes per sequence): the entry with the largest batch size <= B applies."""
-
-
 _EMPTY = DraftTree.empty()
 """The tree of a sequence that does not draft this step: one shared instance (trees are read,
 never written), not four fresh tensors per sequence and step."""
-
-
-@dataclass(frozen=True)
-class VerifyBudget:
-    """Draft nodes verified per step as a function of the batch size."""
-
-    table: tuple[tuple[int, int], ...] = DEFAULT_BUDGET_TABLE
-    """(batch size, nodes per sequence) pairs, batch sizes ascending from 1; the batch's total
-    node budget is B x the entry for the largest batch size <= B."""
-
-    def __post_init__(self) -> None:
-        sizes = [b for b, _ in self.table]
-        if not self.table or sizes[0] != 1 or sizes != sorted(set(sizes)):
-            raise ConfigError(
-                f"verify budget table must start at batch size 1 with ascending sizes, "
-                f"got {list(self.table)}"
-            )
-        if any(n < 0 for _, n in self.table):
-            raise ConfigError(f"verify budget nodes must be >= 0, got {list(self.table)}")
-
-    @staticmethod
-    def from_table(table: Mapping[int, int], default: int) -> VerifyBudget:
-        """From a plan's ``batch_budget`` table (batch size -> nodes per sequence); batch sizes
-        below its smallest entry get ``default`` (e.g. the tree's own node count)."""
-        pairs = {int(b): int(n) for b, n in table.items()}
-        pairs.setdefault(1, default)
-        return VerifyBudget(tuple(sorted(pairs.items())))
-
-    def per_sequence(self, batch: int) -> int:
-        return next(n for b, n in reversed(self.table) if b <= max(batch, 1))
-
-    def total(self, batch: int) -> int:
-        return batch * self.per_sequence(batch)
 
 
 @dataclass(frozen=True)
@@ -147,6 +111,12 @@ class Slot:
     full_at: int = -1
     """The engine step after this sequence's last full draft (a draft at that step is one in
     a row: no catch-up; :meth:`BatchEngine._propose`)."""
+
+    def take_context(self) -> DraftContext:
+        """The drafter's context for this step; the target states it has not seen go to it."""
+        ctx = DraftContext(self.committed, self.res.prompt_len, self.spec, join_chunks(self.hidden))
+        self.hidden = []
+        return ctx
 
     @property
     def cache_len(self) -> int:
@@ -321,29 +291,35 @@ class BatchEngine:
                 return [_EMPTY] * len(self.slots)
         probe = self._probe_slots(sel) if sel is not None and full and sel.probing else None
         asked = None if probe is None else {id(s) for s in probe}
-        trees, alt = [], []
+        trees = [_EMPTY] * len(self.slots)
         spent = dict.fromkeys(("steady", "catchup", "cheap"), 0.0)  # drafting seconds
         count = dict.fromkeys(spent, 0)
-        for s in self.slots:
-            d = s.req.drafter
-            whole = full and (asked is None or id(s) in asked)
-            tree = _EMPTY
-            if d is not None and (whole or (cheap and is_tiered(d))):
+        whole = [s for s in self.slots
+                 if s.req.drafter and full and (asked is None or id(s) in asked)]  # fmt: skip
+        ids = {id(s) for s in whole}
+        for j, s in enumerate(self.slots):
+            if cheap and s.req.drafter and id(s) not in ids and is_tiered(s.req.drafter):
                 td = time.perf_counter()
                 with kernel_range("drafter"):
-                    ctx = DraftContext(s.committed, s.res.prompt_len, s.spec, join_chunks(s.hidden))
-                    tree = d.propose(ctx) if whole else d.propose_cheap(ctx)  # type: ignore[attr-defined]
-                s.hidden = []  # the drafter has seen these states
-                dt = time.perf_counter() - td
-                s.res.draft_s += dt
-                kind = "cheap" if not whole else "steady" if s.full_at == self._steps else "catchup"
-                spent[kind] += dt
+                    trees[j] = s.req.drafter.propose_cheap(s.take_context())  # type: ignore[attr-defined]
+                s.res.draft_s += (dt := time.perf_counter() - td)
+                spent["cheap"] += dt
+                count["cheap"] += 1
+        if whole:  # the full drafts in one call: drafters that batch read their weights once
+            td = time.perf_counter()
+            with kernel_range("drafter"):
+                got = propose_all([s.req.drafter for s in whole], [s.take_context() for s in whole])  # type: ignore[misc]
+            per = (time.perf_counter() - td) / len(whole)  # shared evenly
+            for s, tree in zip(whole, got, strict=True):
+                s.res.draft_s += per
+                kind = "steady" if s.full_at == self._steps else "catchup"
+                spent[kind] += per
                 count[kind] += 1
-                if whole:
-                    s.full_at = self._steps + 1
+                s.full_at = self._steps + 1
                 assert tree.size <= s.spec.max_nodes, "drafter returned too many nodes"
-            trees.append(tree)
-            alt.append(d.last_cheap if whole and is_tiered(d) else tree)
+                trees[s.row] = tree
+        alt = [s.req.drafter.last_cheap if id(s) in ids and is_tiered(s.req.drafter) else trees[j]  # type: ignore[union-attr]
+               for j, s in enumerate(self.slots)]  # fmt: skip
         if sel is not None:
             for kind, n in count.items():
                 if n:

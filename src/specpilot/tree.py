@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -305,15 +305,22 @@ def grow_best_first(children: Children, budget: int, max_depth: int, width: int)
     return nodes
 
 
-def grow_levels(
-    children: Children, k: int, max_depth: int, min_logp: float = -math.inf
-) -> GrowingTree:
+Request = tuple["GrowingTree", list[int], int]
+"""What a tree grower asks for: ``(nodes, frontier, width)``, answered with
+``children(nodes, frontier, width)``."""
+Grower = Generator[Request, list[list[Continuation]], DraftTree]
+"""A tree under construction that pauses at each expansion round (:func:`tree_steps`)."""
+
+
+def levels_steps(k: int, max_depth: int, min_logp: float = -math.inf) -> Generator[
+        Request, list[list[Continuation]], GrowingTree]:  # fmt: skip
     """EAGLE-2 (Li et al. 2024): per depth the ``k`` best nodes of the last level (at least
-    ``min_logp``) are expanded in one call, each adding its ``k`` best children."""
+    ``min_logp``) are expanded in one round, each adding its ``k`` best children. Yields each
+    round's request, receives its children (:data:`Request`); returns the grown nodes."""
     nodes = GrowingTree()
     if max_depth < 1:
         return nodes
-    level = [nodes.add(t, -1, v, st) for v, t, st in children(nodes, [-1], k)[0]]
+    level = [nodes.add(t, -1, v, st) for v, t, st in (yield (nodes, [-1], k))[0]]
     k = min(k, len(level))  # a vocabulary smaller than k
     for _ in range(1, max_depth):
         frontier = sorted(level, key=lambda i: (-nodes.scores[i], i))[:k]
@@ -321,21 +328,19 @@ def grow_levels(
         if not frontier:
             break
         level = []
-        for i, kids in zip(frontier, children(nodes, frontier, k), strict=True):
+        kids_all = yield (nodes, frontier, k)
+        for i, kids in zip(frontier, kids_all, strict=True):
             base = nodes.scores[i]
             level.extend(nodes.add(t, i, base + v, st) for v, t, st in kids)
     return nodes
 
 
-def grow_rank_paths(
-    children: Children,
-    paths: Sequence[tuple[int, ...]],
-    max_depth: int,
-    min_logp: float = -math.inf,
-) -> GrowingTree:
+def rank_paths_steps(
+    paths: Sequence[tuple[int, ...]], max_depth: int, min_logp: float = -math.inf
+) -> Generator[Request, list[list[Continuation]], GrowingTree]:
     """Chains and static trees: level by level, expand exactly the prefixes the rank paths
     extend (whose score is at least ``min_logp``), with the higher-ranked siblings that define
-    each node's rank."""
+    each node's rank. Yields each round's request, receives its children; returns the nodes."""
     need = path_widths(paths)
     nodes = GrowingTree()
     if () not in need or max_depth < 1:
@@ -345,7 +350,8 @@ def grow_rank_paths(
     for _ in range(max_depth):
         width = max(need[() if i < 0 else prefix[i]] for i in frontier)
         level = []
-        for i, kids in zip(frontier, children(nodes, frontier, width), strict=True):
+        kids_all = yield (nodes, frontier, width)
+        for i, kids in zip(frontier, kids_all, strict=True):
             here = () if i < 0 else prefix[i]
             base = 0.0 if i < 0 else nodes.scores[i]
             for rank, (v, t, st) in enumerate(kids[: need[here]]):
@@ -355,6 +361,48 @@ def grow_rank_paths(
         if not frontier:
             break
     return nodes
+
+
+def drive(steps: Generator[Request, list[list[Continuation]], Any], children: Children) -> Any:
+    """Run a paused grower to its end, answering each request with ``children``."""
+    try:
+        req = next(steps)
+        while True:
+            req = steps.send(children(*req))
+    except StopIteration as stop:
+        return stop.value
+
+
+def grow_levels(
+    children: Children, k: int, max_depth: int, min_logp: float = -math.inf
+) -> GrowingTree:
+    """:func:`levels_steps` answered by ``children`` (one call per depth)."""
+    return drive(levels_steps(k, max_depth, min_logp), children)  # type: ignore[no-any-return]
+
+
+def grow_rank_paths(
+    children: Children,
+    paths: Sequence[tuple[int, ...]],
+    max_depth: int,
+    min_logp: float = -math.inf,
+) -> GrowingTree:
+    """:func:`rank_paths_steps` answered by ``children`` (one call per level)."""
+    return drive(rank_paths_steps(paths, max_depth, min_logp), children)  # type: ignore[no-any-return]
+
+
+def tree_steps(spec: TreeSpec, min_logp: float = -math.inf) -> Grower:
+    """The tree of ``spec`` grown one round (one depth) at a time, for drafters that pay a
+    forward per round and batch rounds across sequences: dynamic trees by
+    :func:`levels_steps`, chains and static trees by :func:`rank_paths_steps`. Yields each
+    round's :data:`Request`; returns the shaped tree (as :func:`build_tree` with
+    ``dynamic="levels"``)."""
+    depth = spec.max_depth
+    if spec.kind == "dynamic":
+        nodes = yield from levels_steps(spec.topk, depth, min_logp)
+    else:
+        paths = spec.paths if spec.kind == "static" else chain_paths(spec.k)
+        nodes = yield from rank_paths_steps(paths, depth, min_logp)
+    return shape_tree(nodes.tree(), spec)
 
 
 def build_tree(

@@ -12,6 +12,7 @@ they tap in ``hidden_layers`` and the engine passes those states of newly commit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -79,3 +80,27 @@ def is_tiered(drafter: object) -> bool:
     if got is None:
         got = _TIERED[t] = isinstance(drafter, Tiered)
     return got
+
+
+def propose_all(drafters: Sequence[Drafter], ctxs: Sequence[DraftContext]) -> list[DraftTree]:
+    """Each drafter's :meth:`~Drafter.propose` for its context, in order. Drafters that can
+    draft together (a ``batch_key()`` and a static ``propose_batch(drafters, ctxs)``, e.g. trained
+    heads over one net, whose weights are then read once per depth for all sequences) are asked
+    in one call per class and key; every other drafter, and one alone in its group, by its own
+    ``propose``."""
+    out: list[DraftTree | None] = [None] * len(drafters)
+    groups: dict[tuple[type, object], list[int]] = {}
+    for i, d in enumerate(drafters):
+        key = getattr(d, "batch_key", None)
+        if key is None:
+            out[i] = d.propose(ctxs[i])
+        else:
+            groups.setdefault((type(d), key()), []).append(i)
+    for (cls, _), idx in groups.items():
+        if len(idx) == 1:
+            out[idx[0]] = drafters[idx[0]].propose(ctxs[idx[0]])
+            continue
+        trees = cls.propose_batch([drafters[i] for i in idx], [ctxs[i] for i in idx])  # type: ignore[attr-defined]
+        for i, t in zip(idx, trees, strict=True):
+            out[i] = t
+    return out  # type: ignore[return-value]

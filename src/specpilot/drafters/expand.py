@@ -31,7 +31,7 @@ def log_prob_children(root: Tensor, feed: Feed, exact_argmax: bool) -> Children:
 
     def children(nodes: GrowingTree, frontier: list[int], width: int) -> list[list[Continuation]]:
         lp = root[None] if frontier == [-1] else feed(nodes, frontier)  # (R, V)
-        return _top(lp, width, exact_argmax)
+        return top_children(lp, width, exact_argmax)
 
     return children
 
@@ -43,7 +43,7 @@ def expand_spec(root: Tensor, feed: Feed, spec: TreeSpec, min_logp: float = -mat
     return build_tree(children, spec, dynamic="levels", min_logp=min_logp)
 
 
-def _top(lp: Tensor, k: int, exact_argmax: bool) -> list[list[Continuation]]:
+def top_children(lp: Tensor, k: int, exact_argmax: bool) -> list[list[Continuation]]:
     """Per row the ``k`` best (log-prob, token, None), best first."""
     # lp: (R, vocab)
     if k == 1 and exact_argmax:

@@ -139,8 +139,38 @@ class _Bf16Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        m = x2.shape[0]
+        pad = -m % 16 if m > 16 else 0  # oneDNN builds a kernel per row count (~1.5 ms each):
+        if pad:  # a prompt's catch-up of any length reuses one of a few
+            x2 = torch.cat([x2, x2.new_zeros(pad, self.in_features)])
         y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
-        return y.float().reshape(*x.shape[:-1], self.out_features)
+        return y[:m].float().reshape(*x.shape[:-1], self.out_features)
+
+
+BF16_FROM_ROWS = 16
+"""Calls of at least this many rows (a drafter catching up on a prompt or on skipped steps) run
+its F16 linears on oneDNN's bf16 GEMM where the CPU has one (:class:`_RowSwitch`); tests raise
+it to keep the F16 kernel's row-count-invariant bits."""
+
+
+class _RowSwitch:
+    """A drafter linear over fp16-exact weights: the F16 kernel (the weights' exact values) for
+    calls of fewer than :data:`BF16_FROM_ROWS` rows; oneDNN bf16 (AMX) from there on, where the
+    F16 kernel's fp32 FMAs bound it (2 threads, 2048x576 alone: 48 vs 56 us at 1 row, 193 vs
+    79 us at 12, 457 vs 135 us at 36; in a head's steady drafts of 4 sequences, 8-12 rows a
+    call, switching from 4 or 8 rows gained nothing, while the catch-up on a prompt went from
+    26 to 15.5 ms). The two round differently, so a draft may depend on how many rows its call
+    had; the target verifies every token, so the output does not."""
+
+    def __init__(self, half: kernels.GGUFLinear, weight: Tensor) -> None:
+        self.f16, self.bf16 = half, _Bf16Linear(weight)
+        self.in_features = half.in_features
+        self._f16 = half.forward  # called directly: a module call costs ~5 us, drafting ~20 a step
+        self._bf16 = self.bf16.forward
+
+    def __call__(self, x: Tensor) -> Tensor:
+        rows = x.numel() // self.in_features
+        return self._f16(x) if rows < BF16_FROM_ROWS else self._bf16(x)  # type: ignore[no-any-return]
 
 
 @functools.lru_cache(maxsize=16)
@@ -286,7 +316,9 @@ class FeatureNet(nn.Module):
         """Inference-only fast copies of every linear (fp32 CPU): oneDNN-prepacked (the LM-head
         rows in bf16 where the CPU has native bf16 GEMMs); on a native target (the kernels are
         built) a weight that fp16 holds exactly (a shipped drafter's) runs as an F16
-        :class:`~specpilot.kernels.GGUFLinear` instead (half the bytes, the same values). The
+        :class:`~specpilot.kernels.GGUFLinear` instead (half the bytes, the same values), with
+        calls of several rows on oneDNN's bf16 GEMM where the CPU has one (:class:`_RowSwitch`).
+        The
         GEMV -> GEMM switch of stock linears repacks weights per call, which dominated drafting.
         Used only without autograd and while the weights are unchanged (a training step bumps
         their version and the module itself is used again). Returns whether anything was
@@ -303,6 +335,7 @@ class FeatureNet(nn.Module):
         if not (half or onednn):
             return False
         kinds = set()
+        bf16 = onednn and _bf16_gemm()
         for mod in (self, *self.layers):
             mod.fast = {}
             for name, lin in mod.named_children():
@@ -311,9 +344,11 @@ class FeatureNet(nn.Module):
                 fast = _half_linear(lin) if half else None
                 if fast is None and onednn:
                     fast = PackedLinear(lin.weight, lin.bias)
+                kinds.add(type(fast).__name__)  # fp16-exact weights: two bytes either way below
+                if isinstance(fast, kernels.GGUFLinear) and bf16 and lin.bias is None:
+                    fast = _RowSwitch(fast, lin.weight)
                 if fast is not None:
                     mod.fast[name] = (lin.weight._version, fast)
-                kinds.add(type(fast).__name__)
         self.half_weights = kinds == {"GGUFLinear"}
         if self.head is not None and onednn:
             self.head_fn = _Bf16Linear(self.head) if _bf16_gemm() else PackedLinear(self.head, None)

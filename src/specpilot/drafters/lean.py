@@ -21,7 +21,8 @@ setup keep the module forward.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -29,7 +30,19 @@ from torch import Tensor
 from specpilot import kernels
 from specpilot.drafters.feature_net import FeatureNet, fast_linear
 
-__all__ = ["LeanForward", "lean_forward"]
+__all__ = ["LeanForward", "Segment", "lean_forward"]
+
+
+class Segment(NamedTuple):
+    """One sequence's rows in a batched draft forward (:meth:`LeanForward.run_segments`)."""
+
+    start: int
+    """Cache slot of the first row."""
+    kv_len: int
+    """The rows attend to cache slots [0, kv_len)."""
+    mask: Tensor
+    """(1, rows, kv_len) bool: which of those slots each row sees."""
+    rows: int
 
 
 class LeanForward:
@@ -75,25 +88,39 @@ class LeanForward:
         flat = pos.reshape(-1)
         return self._cos[flat], self._sin[flat]
 
-    def run(self, x: Tensor, pos: Tensor, ks: list[Tensor], vs: list[Tensor], start: int,
-            kv_len: int, mask: Tensor) -> Tensor:  # fmt: skip
-        """Rows ``x`` (1, T, dim) at ``pos`` (1, T) through every draft layer: each layer's K/V
-        of the rows go to its cache (``ks[i]`` / ``vs[i]``, (1, Hk, len, hd)) at slots
-        ``start..start + T - 1``; the rows attend to slots ``[0, kv_len)`` under ``mask``
-        (1, T, kv_len) bool. Returns the last layer's output (1, T, dim)."""
+    def run_segments(self, x: Tensor, pos: Tensor, caches: Sequence[tuple[list[Tensor],
+                     list[Tensor]]], segs: Sequence[Segment]) -> Tensor:  # fmt: skip
+        """Rows ``x`` (1, N, dim) at ``pos`` (1, N) through every draft layer, in segments:
+        segment ``j`` is ``segs[j].rows`` consecutive rows of one sequence whose cache is
+        ``caches[j]`` (per layer K and V, (1, Hk, len, hd)). Each layer's K/V of a segment's
+        rows go to its cache at slots ``start..start + rows - 1``; the rows attend to slots
+        ``[0, kv_len)`` under ``mask`` (1, rows, kv_len) bool. The norms and linears take all
+        rows at once, the attention one call per segment. Returns the last layer's output
+        (1, N, dim)."""
         h, hk, hd = self.heads
         eps, isa = self.eps, self.isa
         cos, sin = self._tables(pos)
         rows = x.reshape(-1, x.shape[-1]).contiguous()
-        mask = mask.contiguous()
+        bounds = []
+        a = 0
+        for seg in segs:
+            bounds.append((a, a + seg.rows))
+            a += seg.rows
+        masks = [seg.mask.contiguous() for seg in segs]
         for i, layer in enumerate(self.net.layers):
-            a = self._rms(rows, layer.norm1.weight, eps, False, isa)
-            qkv = fast_linear(layer, "qkv", a)
-            o = self._attend(qkv, cos, sin, None, None, eps, False, ks[i], vs[i], 0, 1, None,
-                             start, kv_len, mask, self.scale, h, hk, hd, isa)  # fmt: skip
-            mid, a = self._add_rms(fast_linear(layer, "o", o), rows, layer.norm2.weight, eps,
-                                   False, isa)  # fmt: skip
-            act = self._glu(fast_linear(layer, "gate_up", a), None, 0, isa)
+            a_ = self._rms(rows, layer.norm1.weight, eps, False, isa)
+            qkv = fast_linear(layer, "qkv", a_)
+            parts = []
+            for (lo, hi), seg, mask, (ks, vs) in zip(bounds, segs, masks, caches, strict=True):
+                one = len(segs) == 1
+                parts.append(self._attend(
+                    qkv if one else qkv[lo:hi], cos if one else cos[lo:hi],
+                    sin if one else sin[lo:hi], None, None, eps, False, ks[i], vs[i], 0, 1,
+                    None, seg.start, seg.kv_len, mask, self.scale, h, hk, hd, isa))  # fmt: skip
+            o = parts[0] if len(parts) == 1 else torch.cat(parts)
+            mid, a_ = self._add_rms(fast_linear(layer, "o", o), rows, layer.norm2.weight, eps,
+                                    False, isa)  # fmt: skip
+            act = self._glu(fast_linear(layer, "gate_up", a_), None, 0, isa)
             rows = mid + fast_linear(layer, "down", act)
         return rows.view(x.shape)
 

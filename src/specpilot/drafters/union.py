@@ -16,12 +16,13 @@ kept and fed to the trained drafter in one batch when it is next asked.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-from specpilot.drafters.base import DraftContext, Drafter
+from specpilot.drafters.base import DraftContext, Drafter, propose_all
 from specpilot.errors import DrafterError
 from specpilot.tree import DraftTree, TreeSpec
 
@@ -109,7 +110,30 @@ class UnionDrafter:
         self._pending = []
         self.last_cheap = DraftTree.empty()
 
+    def batch_key(self) -> object:
+        """Unions draft together: their trained parts batch by their own keys
+        (:func:`~specpilot.drafters.base.propose_all`)."""
+        return None
+
+    @staticmethod
+    def propose_batch(
+        unions: Sequence[UnionDrafter], ctxs: Sequence[DraftContext]
+    ) -> list[DraftTree]:
+        """Each union's tree; the trained drafters of those that need them in one
+        :func:`~specpilot.drafters.base.propose_all`."""
+        first = [u._start(c) for u, c in zip(unions, ctxs, strict=True)]
+        ask = [i for i, f in enumerate(first) if isinstance(f, DraftContext)]
+        trained = propose_all([unions[i].trained for i in ask], [first[i] for i in ask])  # type: ignore[misc]
+        for i, b in zip(ask, trained, strict=True):
+            first[i] = unions[i]._end(ctxs[i], b)
+        return first  # type: ignore[return-value]
+
     def propose(self, ctx: DraftContext) -> DraftTree:
+        return UnionDrafter.propose_batch([self], [ctx])[0]
+
+    def _start(self, ctx: DraftContext) -> DraftTree | DraftContext:
+        """The copy drafter's tree alone when it is trusted (``trust``), else the trained
+        drafter's context (the target states it skipped included, cut to ``trained_depth``)."""
         spec = ctx.spec
         if self.trust:
             alone = self.copy.propose(DraftContext(ctx.tokens, ctx.prompt_len, spec))
@@ -122,13 +146,17 @@ class UnionDrafter:
         tctx = self._with_pending(ctx)
         if self.trained_depth:
             tctx = replace(tctx, spec=_shallow(spec, self.trained_depth))
-        b = self.trained.propose(tctx)
+        return tctx
+
+    def _end(self, ctx: DraftContext, trained: DraftTree) -> DraftTree:
+        """The merged tree of the trained drafter's ``trained`` and the copy drafter's share."""
+        spec = ctx.spec
         limit = max(1, int(spec.max_nodes * self.share))
         small = _limit(spec, limit)
         a = self.copy.propose(DraftContext(ctx.tokens, ctx.prompt_len, small))
         if not self.trust:
             self.last_cheap = a
-        return union_trees(a, b, spec.max_nodes)
+        return union_trees(a, trained, spec.max_nodes)
 
     def propose_cheap(self, ctx: DraftContext) -> DraftTree:
         """The copy drafter's tree alone with the whole budget; the target states of ``ctx``

@@ -6,9 +6,10 @@ budget's allocation by gain (:func:`allocate_nodes`)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from specpilot.errors import ConfigError
 from specpilot.goodput.cost import CostCurve
 from specpilot.tree import DraftTree, subtree
 
@@ -150,3 +151,40 @@ def choose_packed(
     for _, i in items[:best_n]:
         counts[i] += 1
     return best, counts
+
+
+DEFAULT_BUDGET_TABLE: tuple[tuple[int, int], ...] = ((1, 16), (2, 8), (4, 6), (8, 4), (16, 2))
+"""(batch size, draft nodes per sequence): the entry with the largest batch size <= B applies."""
+
+
+@dataclass(frozen=True)
+class VerifyBudget:
+    """Draft nodes verified per step as a function of the batch size."""
+
+    table: tuple[tuple[int, int], ...] = DEFAULT_BUDGET_TABLE
+    """(batch size, nodes per sequence) pairs, batch sizes ascending from 1; the batch's total
+    node budget is B x the entry for the largest batch size <= B."""
+
+    def __post_init__(self) -> None:
+        sizes = [b for b, _ in self.table]
+        if not self.table or sizes[0] != 1 or sizes != sorted(set(sizes)):
+            raise ConfigError(
+                f"verify budget table must start at batch size 1 with ascending sizes, "
+                f"got {list(self.table)}"
+            )
+        if any(n < 0 for _, n in self.table):
+            raise ConfigError(f"verify budget nodes must be >= 0, got {list(self.table)}")
+
+    @staticmethod
+    def from_table(table: Mapping[int, int], default: int) -> VerifyBudget:
+        """From a plan's ``batch_budget`` table (batch size -> nodes per sequence); batch sizes
+        below its smallest entry get ``default`` (e.g. the tree's own node count)."""
+        pairs = {int(b): int(n) for b, n in table.items()}
+        pairs.setdefault(1, default)
+        return VerifyBudget(tuple(sorted(pairs.items())))
+
+    def per_sequence(self, batch: int) -> int:
+        return next(n for b, n in reversed(self.table) if b <= max(batch, 1))
+
+    def total(self, batch: int) -> int:
+        return batch * self.per_sequence(batch)
