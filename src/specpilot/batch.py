@@ -336,8 +336,15 @@ class BatchEngine:
 
     def _probe_slots(self, sel: Selector) -> list[Slot]:
         """The sequences a probe asks: up to ``sel.probe_sequences`` drafting ones, in turn
-        (the others keep their unseen target states for a later draft)."""
+        (the others keep their unseen target states for a later draft); right after a draft,
+        the sequences that drafted then, so that theirs is timed as a steady draft (asked in
+        turn, every draft was a catch-up: the budget never read a steady one, and drafted
+        every other step at batch 16 for nothing)."""
         drafting = [s for s in self.slots if s.req.drafter is not None]
+        if sel.idle == 0:
+            again = [s for s in drafting if s.full_at == self._steps]
+            if again:
+                return again
         k = min(len(drafting), max(1, sel.probe_sequences))
         start = self._probe_at % len(drafting) if drafting else 0
         self._probe_at = start + k

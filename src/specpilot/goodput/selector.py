@@ -317,9 +317,11 @@ class Selector:
 
     @property
     def probing(self) -> bool:
-        """This draft is a probe: the last choice was plain decoding, and drafting is not
-        cheap enough to run for every sequence (:meth:`cheap`)."""
-        return self.full_on is False and not self._every
+        """This draft is a probe: the last choice was plain decoding or there is none yet (the
+        first step of a batch), and drafting is not cheap enough to run for every sequence
+        (:meth:`cheap`). A first step that asked every sequence of a 32-sequence batch paid
+        32 prompt catch-ups (0.27 s of a 6.2 s HumanEval run) where nodes never paid."""
+        return self.full_on is not True and not self._every
 
     def note_draft(self, seconds: float, sequences: int = 1, cheap: bool = False,
                    catchup: bool | None = None) -> None:  # fmt: skip
