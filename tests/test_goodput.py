@@ -708,3 +708,21 @@ def test_a_draft_that_caught_up_is_followed_by_one_that_times_a_steady_draft() -
     sel.select([weak])
     assert sel.draft_s == 0.002 and sel.probe_s == 0.030
     assert not sel.should_draft()  # steady cost known: back to the probes' backoff
+
+
+def test_a_first_step_that_no_draft_could_pay_for_does_not_draft() -> None:
+    """Before anything was drafted, a batch whose next token is worth only its row (nothing
+    waiting) skips the first draft when even a perfect chain drafted for free could not pay for
+    its rows; with a queue, or where rows are cheap, the first step drafts as before."""
+    dear = CostCurve([1, 8, 16, 32, 64], [0.010, 0.012, 0.016, 0.028, 0.060])
+    sel = Selector(dear)
+    sel.token_value = sel.idle_value(32)
+    assert sel.token_value < 1
+    assert not sel.should_draft(32)
+    sel.note_skip()
+    assert sel.idle == 0 and not sel.should_draft(32)  # it stays plain, asking again each step
+    sel.token_value = 1.0  # a queue: a token is worth a slot's share of the step
+    assert sel.should_draft(32)
+    cheap_rows = Selector(CostCurve([1, 8, 16, 32, 64], [0.010, 0.0101, 0.0102, 0.0104, 0.0108]))
+    cheap_rows.token_value = cheap_rows.idle_value(32)
+    assert cheap_rows.should_draft(32)

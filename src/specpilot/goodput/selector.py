@@ -86,6 +86,8 @@ class Selector:
     """Probes in a row :meth:`could_pay` may skip (then one runs anyway: the trees it judges
     by are only refreshed by drafting, and a new context may suit the drafter again)."""
     bound_skips: int = 0
+    perfect_depth: int = 8
+    """The depth of the perfect chain :meth:`could_pay` judges by before anything was drafted."""
     cheap_draft: float = 0.03
     """Drafting that costs at most this fraction of a plain step (all drafting sequences
     together) runs every step, for every sequence, even while plain decoding wins: probing by
@@ -164,6 +166,9 @@ class Selector:
         against 3.6 ms steady), and held the drafter off where it paid."""
         gap = self.probe_gap or self.probe_every
         self._every = self.cheap(batch)
+        if self.full_on is None and self.token_value < 1 and not self.could_pay(batch, True):
+            self.idle = -1  # the first step, but no draft could pay (32 sequences, none waiting)
+            return False
         if self.full_on is not False or self._every:
             return True
         caught_up = not self._steady and self.draft_s > 0 and self.idle == 0 and not self._fresh
@@ -200,14 +205,18 @@ class Selector:
         tokens rarely buy its drafting time, and a probe there was pure cost. True while nothing
         is known (no drafting time or acceptance measured yet). ``perfect``: each tree a chain
         as deep as the widest seen, every node certain (False: no draft could pay here, as
-        with nothing waiting at 32 sequences, :meth:`idle_value`; probes are skipped then)."""
+        with nothing waiting at 32 sequences, :meth:`idle_value`; probes are skipped then);
+        with nothing drafted yet, a chain of :attr:`perfect_depth` drafted at no cost."""
         cost = self.probe_s or self.draft_s  # a probe's drafter catches up first
-        if cost <= 0 or not self.recent:
+        if perfect and not self.recent:  # nothing drafted yet: a deep chain, drafted for free
+            cost, best = 0.0, [1.0] * self.perfect_depth
+        elif cost <= 0 or not self.recent:
             return True
-        k = min(batch, max(1, self.probe_sequences))
-        best = max(self.recent, key=sum)  # gains as calibrated when drafted
-        if perfect:
+        elif perfect:
             best = [1.0] * max(map(len, self.recent))
+        else:
+            best = max(self.recent, key=sum)  # gains as calibrated when drafted
+        k = min(batch, max(1, self.probe_sequences))
         best = [g * self.token_value for g in best]
         gains = [best] * k + [[] for _ in range(batch - k)]
         if batch > 1:
