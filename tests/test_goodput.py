@@ -720,9 +720,23 @@ def test_a_first_step_that_no_draft_could_pay_for_does_not_draft() -> None:
     assert sel.token_value < 1
     assert not sel.should_draft(32)
     sel.note_skip()
-    assert sel.idle == 0 and not sel.should_draft(32)  # it stays plain, asking again each step
+    assert sel.idle == 0 and sel.full_on is False  # plain decoding chosen
+    asked = 0
+    real = sel.could_pay
+
+    def counted(*a: Any, **k: Any) -> bool:
+        nonlocal asked
+        asked += 1
+        return real(*a, **k)
+
+    sel.could_pay = counted  # type: ignore[method-assign]
+    for _ in range(40):
+        assert not sel.should_draft(32)
+        sel.note_skip()
+    assert 1 <= asked <= 3  # asked again at its probes only, backing off
     sel.token_value = 1.0  # a queue: a token is worth a slot's share of the step
-    assert sel.should_draft(32)
+    sel.idle = sel.max_probe_gap
+    assert sel.should_draft(32)  # its probe drafts
     cheap_rows = Selector(CostCurve([1, 8, 16, 32, 64], [0.010, 0.0101, 0.0102, 0.0104, 0.0108]))
     cheap_rows.token_value = cheap_rows.idle_value(32)
     assert cheap_rows.should_draft(32)
