@@ -250,14 +250,14 @@ def verify_step(
     outcomes = []
     # a plain step (no draft node anywhere): each sequence's one row of every tapped layer, all
     # taken in one split per layer (a slice per sequence and layer cost ~0.15 ms a step at 32)
-    single = bool(out.hidden) and not fixed_width and all(r.tree.size == 0 for r in rows)
-    split = [h.reshape(-1, h.shape[-1]).split(1) for h in out.hidden] if single else []
+    plain = bool(out.hidden) and not fixed_width and all(r.tree.size == 0 for r in rows)
+    split = [h.reshape(-1, h.shape[-1]).split(1) for h in out.hidden] if plain else []
     for i, r in enumerate(rows):
         b, o = (i, 0) if pack is None else (0, offsets[i])
         logits = out.logits[b, o : o + r.tree.size + 1]  # (n+1, V)
         acc = accept(r.tree, logits, r.sampler)
         commit(model, r.cache_len, acc.path, _cache_row(cache_rows, i, len(rows)))
-        if single:
+        if plain:
             hidden = tuple(rows_of[i] for rows_of in split)
         else:
             hidden = _committed_hidden(out.hidden, b, o, acc.path)

@@ -166,14 +166,13 @@ class Selector:
         against 3.6 ms steady), and held the drafter off where it paid."""
         gap = self.probe_gap or self.probe_every
         self._every = self.cheap(batch)
-        if self.full_on is None and self.token_value < 1 and not self.could_pay(batch, True):
+        if (self.full_on is None and self.token_value < 1
+                and not self.could_pay(batch, perfect=True)):  # fmt: skip
             # the first step, but no draft could pay (32 sequences, none waiting): plain decoding
             # is the choice, and later steps ask again only at its probes (asked every step,
             # the check alone cost ~2% of a 32-sequence step)
             self.last = Choice(0, self.curve(batch), float(batch))
-            self.idle = -1  # the caller's note_skip makes it 0: counted as after a probe
-            self._next_probe(False)
-            return False
+            return self._skip_probe()
         if self.full_on is not False or self._every:
             return True
         caught_up = not self._steady and self.draft_s > 0 and self.idle == 0 and not self._fresh
@@ -182,14 +181,10 @@ class Selector:
         if self.idle + 1 < gap:
             return False
         if self.token_value < 1 and not self.could_pay(batch, perfect=True):  # none could
-            self.idle = -1  # the caller's note_skip makes it 0: counted as after a probe
-            self._next_probe(False)
-            return False
+            return self._skip_probe()
         if self.bound_skips < self.max_bound_skips and not self.could_pay(batch):
             self.bound_skips += 1
-            self.idle = -1  # the caller's note_skip makes it 0: counted as after a probe
-            self._next_probe(0)
-            return False
+            return self._skip_probe()
         self.bound_skips = 0
         return True
 
@@ -227,6 +222,12 @@ class Selector:
         if batch > 1:
             return choose_packed(gains, self.curve, cost * k)[0].width > 0
         return choose(gains, self.curve, cost).width > 0
+
+    def _skip_probe(self) -> bool:
+        """Sit out a probe as if it had run and chosen plain decoding (backing off); False."""
+        self.idle = -1  # the caller's note_skip makes it 0: counted as after a probe
+        self._next_probe(False)
+        return False
 
     def _next_probe(self, paid: bool) -> None:
         """Back off after a probe whose full draft did not pay; reset once one does."""
