@@ -3,7 +3,8 @@
     python bench/goodput_trace.py --threads 2 --numerics int8 --limit 10 --max-new-tokens 128 \\
         [--drafter suffix] [--no-goodput --budget 4]
 
-Takes ``specpilot bench``'s flags (the first candidate is traced). Per prompt, plain and
+Takes ``specpilot bench``'s flags (the first candidate is traced; ``--temperature`` with
+``--seed`` samples). Per prompt, plain and
 speculative decoding interleaved (tokens asserted equal), then two digit strings, one digit per
 step: draft nodes verified and draft tokens accepted (capped at 9). At the end: tokens per second
 of both and their ratio (wall time of ``Engine.generate``, the goodput calibration included when
@@ -17,7 +18,8 @@ import sys
 import time
 
 from specpilot import cli
-from specpilot.engine import GenerationConfig
+from specpilot.bench import generation
+from specpilot.sampling import SamplingParams
 from specpilot.workloads import load_workload
 
 
@@ -26,7 +28,11 @@ def main() -> None:
     loaded, engine, cands, _ = cli._setup(args, hf_peers=False)
     tok = loaded.tokenizer
     prompts = load_workload(args.workload or "humaneval", limit=args.limit)
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    gen = generation(
+        args.max_new_tokens,
+        True,
+        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed),
+    )
     c = cands[0]
     t_ar = t_sp = draft_s = 0.0
     n_tok = 0

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from specpilot import kernels
+from specpilot.kernels import step
+from specpilot.kernels.linear import set_schedule
 from specpilot.loading.native import load_native
 from specpilot.model import Packing, Transformer, causal_mask
 from specpilot.profiling import KERNEL_CLASSES, set_kernel_ranges
@@ -131,3 +133,67 @@ def test_prepack_after_a_forward_rebuilds_the_plan() -> None:
             lean.model.layers[0].self_attn.o_proj
         )
         assert torch.equal(got, plain(toks, pos, 0, 3).logits)
+
+
+@pytest.mark.parametrize("numerics", ["fp32", "int8"])
+@pytest.mark.parametrize("name", ["llama", "untied", "qwen2", "gemma3"])
+def test_one_op_for_the_layers_gives_the_python_loops_bits(
+    name: str, numerics: str, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """``specpilot::lean_layers`` (:mod:`specpilot.kernels.stack`) against the Python loop of
+    :func:`specpilot.kernels.step.run` over every call of ``_drive`` (packed calls
+    too), in both numerics profiles."""
+
+    def make() -> Transformer:
+        m = load_native(files[name])[0]
+        m.set_numerics(numerics)
+        return m
+
+    with monkeypatch.context() as mp:
+        mp.setattr(step.stack, "pack", lambda *a: None)
+        loop = make()
+        want = _drive(loop, loop.cfg.vocab_size)
+        assert loop._plan is not None and loop._plan.stack is None
+    one = make()
+    got = _drive(one, one.cfg.vocab_size)
+    assert one._plan is not None and one._plan.stack is not None  # the op ran
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(a, b), i
+
+
+def test_a_linear_the_op_does_not_run_keeps_the_python_loop(files: dict[str, Path]) -> None:  # noqa: F811
+    """A projection swapped for a stock ``nn.Linear``: the plan has no op, the loop runs it."""
+    def make() -> Transformer:
+        m = load_native(files["untied"])[0]
+        att = m.model.layers[1].self_attn
+        dense = torch.nn.Linear(att.o_proj.in_features, att.o_proj.out_features, bias=False)
+        dense.weight.data.copy_(att.o_proj.weight)
+        att.o_proj = dense
+        return m
+
+    _both(make)
+    m = make()
+    m.setup_cache(LEN, attention="fixed")
+    m(torch.tensor([[5, 6]]), torch.arange(2)[None], 0, 2)
+    assert m._plan is not None and m._plan.stack is None
+
+
+def test_new_tiles_or_numerics_read_the_layers_again(files: dict[str, Path]) -> None:  # noqa: F811
+    """The op's plan holds each linear's tiles and profile: changing either after a forward
+    makes the next forward read the layers again, and its output follows the new profile."""
+    m = load_native(files["gemma3"])[0]
+    m.setup_cache(LEN, attention="fixed")
+    toks, pos = torch.tensor([[5, 6, 7]]), torch.arange(3)[None]
+    with torch.inference_mode():
+        fp32 = m(toks, pos, 0, 3).logits
+        first = m._plan
+        set_schedule(m, (1, 2), (8, 3))
+        assert torch.equal(m(toks, pos, 0, 3).logits, fp32)  # tiles never change a bit
+        assert m._plan is not first
+        m.set_numerics("int8")
+        q8 = m(toks, pos, 0, 3).logits
+        ref = load_native(files["gemma3"])[0]
+        ref.set_numerics("int8")
+        ref.setup_cache(LEN, attention="fixed")
+        assert torch.equal(q8, ref(toks, pos, 0, 3).logits)
+        assert not torch.equal(q8, fp32)

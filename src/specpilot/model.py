@@ -439,8 +439,7 @@ class Transformer(nn.Module):
         kernel-class ranges itself when they are on (the cost model profiles the same ops)."""
         if not step.eligible(self):
             return None
-        if self._plan is None:
-            self._plan = step.plan(self)
+        self._plan = step.current(self, self._plan)
         return self._plan
 
     def _layers(

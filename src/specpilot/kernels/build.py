@@ -54,7 +54,7 @@ AMX_UNITS = ("gemm_q8_amx.cpp",)
 """The int8 GEMM's AMX schedule, compiled with AMX_FLAGS (x86 only), called after a run-time
 check of the CPU and of the process's permission to use the tiles."""
 OP_UNITS = ("ops.cpp", "ops_q8.cpp", "attention_ops.cpp",
-    "rowops_ops.cpp",
+    "rowops_ops.cpp", "forward_ops.cpp",
 )
 """Torch op registrations (compiled by cpp_extension with torch's headers)."""
 OPENMP_FLAGS = ("-fopenmp",)

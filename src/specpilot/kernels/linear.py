@@ -182,6 +182,20 @@ def reader_blocks(tensor: Any) -> tuple[Tensor, int, int, int]:
     return torch.from_numpy(raw.copy()), int(tensor.tensor_type), n, k
 
 
+_VERSION = [0]
+
+
+def _changed() -> None:
+    _VERSION[0] += 1
+
+
+def schedule_version() -> int:
+    """A counter bumped by every change of a GGUFLinear's tiles or numerics profile: a view of
+    the linears taken once (the lean forward's op plan, :mod:`specpilot.kernels.step`) is stale
+    when it moved."""
+    return _VERSION[0]
+
+
 class GGUFLinear(nn.Module):
     """``y = x W^T + b`` with W kept as raw GGUF blocks (a uint8 buffer) and run natively."""
 
@@ -245,6 +259,7 @@ class GGUFLinear(nn.Module):
                     f"column tile 0 or one of {COL_TILES}"
                 )
         self.tiles = ((int(single[0]), int(single[1])), (int(multi[0]), int(multi[1])))
+        _changed()
 
     @property
     def profile(self) -> str:
@@ -258,6 +273,7 @@ class GGUFLinear(nn.Module):
         use_q8 = name == "int8" and int8.int8_supports(self.qtype)
         self._op = int8.q8_op() if use_q8 else _ops().gguf_matmul.default
         self._profile = name
+        _changed()
 
     @property
     def weight(self) -> Tensor:

@@ -30,9 +30,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specpilot.kernels import rowops
+from specpilot.kernels import rowops, stack
 from specpilot.kernels.attention import ops as attention_ops
-from specpilot.profiling import kernel_range
+from specpilot.kernels.linear import schedule_version
+from specpilot.profiling import kernel_range, kernel_ranges_enabled
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,12 @@ class Plan:
     """ISA code of the row ops (the modules' ``rowop``)."""
     attn_isa: int
     """ISA code of the attention (``Attention.fixed``)."""
+    stack: stack.Stack | None = None
+    """The layers as one ``specpilot::lean_layers`` call (:mod:`specpilot.kernels.stack`), or
+    None where it does not apply."""
+    version: int = 0
+    """:func:`~specpilot.kernels.linear.schedule_version` when read: a plan whose linears'
+    tiles or profiles changed since is read again (:func:`current`)."""
 
 
 def eligible(model: Any) -> bool:
@@ -118,9 +125,17 @@ def _act(mlp: Any, glu: Any, isa: int) -> Callable[[Tensor], Tensor]:
     return lambda a: glu(gate(a), up(a), kind, isa)
 
 
+def current(model: Any, p: Plan | None) -> Plan:
+    """``p`` if it is still ``model``'s view of its linears, else a new :func:`plan`."""
+    if p is not None and p.version == schedule_version():
+        return p
+    return plan(model)
+
+
 def plan(model: Any) -> Plan:
     """The lean forward's view of ``model`` (call again after setup_cache or set_rowops)."""
     cfg = model.cfg
+    version = schedule_version()
     isa = model.model.norm.rowop[1]
     glu = rowops.ops().glu.default
     layers = []
@@ -138,6 +153,7 @@ def plan(model: Any) -> Plan:
     return Plan(
         tuple(layers), model.model.norm.weight, float(cfg.rms_eps), bool(cfg.gemma),
         (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim), isa, att.fixed[2],
+        stack.pack(model, isa, att.fixed[2]), version,
     )  # fmt: skip
 
 
@@ -179,7 +195,11 @@ def _attend(p: Plan, lay: Layer, c: Call, a: Tensor, op: Any) -> Tensor:
 
 def run(p: Plan, x: Tensor, c: Call, want: set[int]) -> tuple[Tensor, dict[int, Tensor]]:
     """The decoder layers and the final norm on ``x`` (rows, dim): the normed final state and
-    the requested layer inputs (``want``; index len(layers) is the normed final state)."""
+    the requested layer inputs (``want``; index len(layers) is the normed final state). One op
+    call for all the layers where :attr:`Plan.stack` applies (not under the profiler ranges)."""
+    if p.stack is not None and not kernel_ranges_enabled():
+        ints = (c.slot0, c.kv_len, c.batch, c.cache_row)
+        return stack.run(p.stack, x, c.tables, c.slots, ints, want, c.pack)
     ro = rowops.ops()
     rms, add_rms = ro.rms_norm.default, ro.add_rms_norm.default
     attend = attention_ops().rope_attention.default

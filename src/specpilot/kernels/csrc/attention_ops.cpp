@@ -16,6 +16,7 @@
 
 #include "attention.h"
 #include "isa.h"
+#include "ops_api.h"
 #include "rowops.h"
 
 namespace {
@@ -130,6 +131,10 @@ std::vector<int64_t> row_slots(const c10::optional<at::Tensor>& slots_in, int64_
 // and the v heads copied to cache rows cache_row + b at each row's slot (rows in order: a slot
 // two rows share keeps the later row's), then attention of the q heads over slots [0, kv_len).
 // Returns qkv's leading shape x (n_q * hd).
+}  // namespace
+
+namespace sp_ops {
+
 at::Tensor rope_attention(const at::Tensor& qkv_in, const at::Tensor& cos_in,
                           const at::Tensor& sin_in, const c10::optional<at::Tensor>& q_w_in,
                           const c10::optional<at::Tensor>& k_w_in, double eps, bool offset,
@@ -212,6 +217,10 @@ at::Tensor rope_attention(const at::Tensor& qkv_in, const at::Tensor& cos_in,
   return out;
 }
 
+}  // namespace sp_ops
+
+namespace {
+
 at::Tensor fixed_exp(const at::Tensor& x_in, int64_t isa) {
   TORCH_CHECK(x_in.device().is_cpu() && x_in.scalar_type() == at::kFloat,
               "specpilot: fixed_exp takes a CPU float32 tensor");
@@ -250,6 +259,6 @@ TORCH_LIBRARY_FRAGMENT(specpilot, m) {
 
 TORCH_LIBRARY_IMPL(specpilot, CPU, m) {
   m.impl("attention", &attention);
-  m.impl("rope_attention", &rope_attention);
+  m.impl("rope_attention", &sp_ops::rope_attention);
   m.impl("fixed_exp", &fixed_exp);
 }

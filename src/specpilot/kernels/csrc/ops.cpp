@@ -12,9 +12,9 @@
 
 #include "formats.h"
 #include "isa.h"
+#include "ops_api.h"
 
 namespace {
-
 
 int64_t row_bytes(int64_t qtype, int64_t k) {
   const int be = sp::block_elems(static_cast<int>(qtype));
@@ -82,6 +82,10 @@ void run_columns(const sp::GemmArgs& a, int path, int64_t n0, int64_t n1, int rt
   }
 }
 
+}  // namespace
+
+namespace sp_ops {
+
 at::Tensor gguf_matmul(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype, int64_t n,
                        int64_t k, const c10::optional<at::Tensor>& bias, int64_t isa,
                        int64_t row_tile, int64_t col_tile) {
@@ -105,6 +109,7 @@ at::Tensor gguf_matmul(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
 // computed by the same kernel calls as a gguf_matmul of that part alone (its GemmArgs with y
 // moved to the part's first column and the row stride of y, a.n, set to sum ns), so the bits
 // are those of the separate calls concatenated. bias: sum ns elements, or None for all parts.
+
 at::Tensor gguf_matmul_multi(const at::Tensor& x_in, at::TensorList blocks, at::IntArrayRef qtypes,
                              at::IntArrayRef ns, int64_t k, const c10::optional<at::Tensor>& bias,
                              int64_t isa, int64_t row_tile, int64_t col_tile) {
@@ -151,6 +156,10 @@ at::Tensor gguf_matmul_multi(const at::Tensor& x_in, at::TensorList blocks, at::
   });
   return y;
 }
+
+}  // namespace sp_ops
+
+namespace {
 
 at::Tensor gguf_matmul_reference(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype,
                                  int64_t n, int64_t k, const c10::optional<at::Tensor>& bias,
@@ -218,8 +227,8 @@ TORCH_LIBRARY(specpilot, m) {
 }
 
 TORCH_LIBRARY_IMPL(specpilot, CPU, m) {
-  m.impl("gguf_matmul", &gguf_matmul);
-  m.impl("gguf_matmul_multi", &gguf_matmul_multi);
+  m.impl("gguf_matmul", &sp_ops::gguf_matmul);
+  m.impl("gguf_matmul_multi", &sp_ops::gguf_matmul_multi);
   m.impl("gguf_matmul_reference", &gguf_matmul_reference);
   m.impl("gguf_dequantize", &gguf_dequantize);
 }

@@ -15,6 +15,7 @@
 
 #include "gemm_q8.h"
 #include "isa.h"
+#include "ops_api.h"
 
 namespace {
 
@@ -118,6 +119,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> q8_quantize(const at::Tensor& x_i
   return {q, d, s};
 }
 
+}  // namespace
+
+namespace sp_ops {
+
 at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int64_t qtype,
                           int64_t n, int64_t k, const c10::optional<at::Tensor>& bias,
                           int64_t isa, int64_t row_tile, int64_t col_tile) {
@@ -163,6 +168,7 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
 // part p writes the columns [off_p, off_p + ns[p]) of y (its Q8GemmArgs with y moved to its
 // first column and the row stride a.n set to sum ns), one at::parallel_for over all columns,
 // each column by the same kernel call as a gguf_matmul_q8 of that part alone: the same bits.
+
 at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
                                 at::IntArrayRef qtypes, at::IntArrayRef ns, int64_t k,
                                 const c10::optional<at::Tensor>& bias, int64_t isa,
@@ -224,7 +230,7 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
   return y;
 }
 
-}  // namespace
+}  // namespace sp_ops
 
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
   m.def("q8_quantize(Tensor x) -> (Tensor, Tensor, Tensor)");
@@ -238,6 +244,6 @@ TORCH_LIBRARY_FRAGMENT(specpilot, m) {
 
 TORCH_LIBRARY_IMPL(specpilot, CPU, m) {
   m.impl("q8_quantize", &q8_quantize);
-  m.impl("gguf_matmul_q8", &gguf_matmul_q8);
-  m.impl("gguf_matmul_q8_multi", &gguf_matmul_q8_multi);
+  m.impl("gguf_matmul_q8", &sp_ops::gguf_matmul_q8);
+  m.impl("gguf_matmul_q8_multi", &sp_ops::gguf_matmul_q8_multi);
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "isa.h"
+#include "ops_api.h"
 #include "rowops.h"
 
 #if defined(SP_NO_AVX2)
@@ -88,6 +89,10 @@ std::tuple<at::Tensor, at::Tensor> norm_impl(const at::Tensor& x_in,
   return {h, y};
 }
 
+}  // namespace
+
+namespace sp_ops {
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool offset,
                     int64_t isa) {
   return std::get<1>(norm_impl(x, c10::nullopt, w, eps, offset, isa));
@@ -98,6 +103,10 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
                                                 int64_t isa) {
   return norm_impl(x, residual, w, eps, offset, isa);
 }
+
+}  // namespace sp_ops
+
+namespace {
 
 at::Tensor rope_qk(const at::Tensor& q_in, const at::Tensor& k_in, int64_t k_offset,
                    const at::Tensor& cos_in, const at::Tensor& sin_in, int64_t n_q, int64_t n_k,
@@ -128,6 +137,10 @@ at::Tensor rope_qk(const at::Tensor& q_in, const at::Tensor& k_in, int64_t k_off
   return y;
 }
 
+}  // namespace
+
+namespace sp_ops {
+
 at::Tensor glu(const at::Tensor& gate_in, const c10::optional<at::Tensor>& up_in, int64_t kind,
                int64_t isa) {
   TORCH_CHECK(kind == sp_row::kSilu || kind == sp_row::kGeluTanh,
@@ -155,7 +168,7 @@ at::Tensor glu(const at::Tensor& gate_in, const c10::optional<at::Tensor>& up_in
   return y;
 }
 
-}  // namespace
+}  // namespace sp_ops
 
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps, bool offset=False, int isa=0) -> Tensor");
@@ -170,8 +183,8 @@ TORCH_LIBRARY_FRAGMENT(specpilot, m) {
 }
 
 TORCH_LIBRARY_IMPL(specpilot, CPU, m) {
-  m.impl("rms_norm", &rms_norm);
-  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("rms_norm", &sp_ops::rms_norm);
+  m.impl("add_rms_norm", &sp_ops::add_rms_norm);
   m.impl("rope_qk", &rope_qk);
-  m.impl("glu", &glu);
+  m.impl("glu", &sp_ops::glu);
 }

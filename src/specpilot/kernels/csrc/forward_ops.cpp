@@ -1,0 +1,203 @@
+// Torch op `specpilot::lean_layers`: the decoder layers and the final norm of the lean native
+// forward (specpilot/kernels/step.py) in one op call.
+//
+// The Python loop of step.run costs ~240 op dispatches and their Python glue per forward (a
+// few us each: ~1 ms of a 10 ms SmolLM2 step). Here the same op functions are called in the same
+// order on the same arguments (ops_api.h: each is the registered op's own function), so every
+// output has the bits of step.run's: no reduction is added, moved or split.
+//
+// Arguments (built once per plan by step.py, `_pack_plan`):
+//   tensors  the weights (GGUF blocks, biases, norms, q/k norms);
+//   caches   the K/V caches (written: each layer's new keys and values);
+//   ints     [n_layers, gemma, isa, attn_isa, n_q, n_k, head_dim, glu_kind, final_norm], then per
+//            layer: qkv, o_proj (linears), fused (1: gate_up, else gate and up), the MLP linears,
+//            down, the norm count and indices, q_norm, k_norm (-1: none), the k and v caches
+//            (indices into caches), sliding; a linear is [parts, k, bias (-1: none), int8, isa, row tile and column
+//            tile of one-row calls, of multi-row calls, then (blocks, qtype, n) per part];
+//   floats   [eps, then each layer's attention scale];
+//   call     [cos, sin, mask of the full-attention layers, the same of the sliding layers (None
+//            when the model has none), slots (None: contiguous from slot0), the real rows of a
+//            packed call in the padded layout (None: not packed)];
+//   call_ints [slot0, kv_len, batch, cache_row, rows of the padded layout];
+// A packed call (step.Packing) runs every op on the real rows but the attention, which runs on
+// the padded layout (pad rows zero), as step._attend does.
+//   want     layer inputs to return (index n_layers: the normed final state).
+// Returns [the normed final state, then the wanted states in the order of want].
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ops_api.h"
+
+namespace {
+
+struct Reader {
+  at::IntArrayRef v;
+  size_t i = 0;
+  int64_t next() {
+    TORCH_CHECK(i < v.size(), "specpilot: lean_layers plan is truncated");
+    return v[i++];
+  }
+};
+
+struct Linear {
+  std::vector<at::Tensor> blocks;
+  std::vector<int64_t> qtypes, ns;
+  std::vector<bool> int8;
+  std::vector<c10::optional<at::Tensor>> biases;
+  int64_t k = 0, isa = 0, tiles[4] = {0, 0, 0, 0};
+  c10::optional<at::Tensor> bias;
+
+  at::Tensor part(const at::Tensor& x, size_t p, const c10::optional<at::Tensor>& b, int64_t rt,
+                  int64_t ct) const {
+    return int8[p] ? sp_ops::gguf_matmul_q8(x, blocks[p], qtypes[p], ns[p], k, b, isa, rt, ct)
+                   : sp_ops::gguf_matmul(x, blocks[p], qtypes[p], ns[p], k, b, isa, rt, ct);
+  }
+
+  at::Tensor operator()(const at::Tensor& x) const {
+    const bool many = x.size(0) > 1;
+    const int64_t rt = tiles[many ? 2 : 0], ct = tiles[many ? 3 : 1];
+    if (blocks.size() == 1) return part(x, 0, bias, rt, ct);
+    if (std::all_of(int8.begin(), int8.end(), [&](bool q) { return q == int8[0]; })) {
+      return int8[0] ? sp_ops::gguf_matmul_q8_multi(x, blocks, qtypes, ns, k, bias, isa, rt, ct)
+                     : sp_ops::gguf_matmul_multi(x, blocks, qtypes, ns, k, bias, isa, rt, ct);
+    }
+    // parts in different profiles (a block type without an int8 kernel): each part's own call,
+    // concatenated, as GGUFMultiLinear does
+    std::vector<at::Tensor> ys;
+    for (size_t p = 0; p < blocks.size(); ++p) ys.push_back(part(x, p, biases[p], rt, ct));
+    return at::cat(ys, -1);
+  }
+};
+
+c10::optional<at::Tensor> opt(at::TensorList t, int64_t idx) {
+  if (idx < 0) return c10::nullopt;
+  return t[idx];
+}
+
+Linear read_linear(Reader& r, at::TensorList t) {
+  Linear l;
+  const int64_t parts = r.next();
+  TORCH_CHECK(parts >= 1, "specpilot: lean_layers linear without parts");
+  l.k = r.next();
+  l.bias = opt(t, r.next());
+  l.isa = r.next();
+  for (int64_t& tile : l.tiles) tile = r.next();
+  for (int64_t p = 0; p < parts; ++p) {
+    l.blocks.push_back(t[r.next()]);
+    l.qtypes.push_back(r.next());
+    l.ns.push_back(r.next());
+    l.int8.push_back(r.next() != 0);
+    l.biases.push_back(opt(t, r.next()));
+  }
+  return l;
+}
+
+struct Layer {
+  Linear qkv, o, gate_up, up, down;
+  bool fused = true, sliding = false;
+  std::vector<at::Tensor> norms;
+  c10::optional<at::Tensor> q_norm, k_norm;
+  at::Tensor k_cache, v_cache;
+};
+
+std::vector<at::Tensor> lean_layers(const at::Tensor& x_in, at::TensorList t,
+                                    at::TensorList caches, at::IntArrayRef ints, at::ArrayRef<double> floats,
+                                    const c10::List<c10::optional<at::Tensor>>& call,
+                                    at::IntArrayRef call_ints, at::IntArrayRef want) {
+  Reader r{ints};
+  const int64_t n = r.next();
+  const bool gemma = r.next() != 0;
+  const int64_t isa = r.next(), attn_isa = r.next();
+  const int64_t n_q = r.next(), n_k = r.next(), hd = r.next(), kind = r.next();
+  const at::Tensor& final_norm = t[r.next()];
+  std::vector<Layer> layers(static_cast<size_t>(n));
+  for (Layer& lay : layers) {
+    lay.qkv = read_linear(r, t);
+    lay.o = read_linear(r, t);
+    lay.fused = r.next() != 0;
+    lay.gate_up = read_linear(r, t);
+    if (!lay.fused) lay.up = read_linear(r, t);
+    lay.down = read_linear(r, t);
+    const int64_t norms = r.next();
+    for (int64_t j = 0; j < norms; ++j) lay.norms.push_back(t[r.next()]);
+    TORCH_CHECK(static_cast<int64_t>(lay.norms.size()) == (gemma ? 4 : 2),
+                "specpilot: lean_layers layer norms do not match the architecture");
+    lay.q_norm = opt(t, r.next());
+    lay.k_norm = opt(t, r.next());
+    lay.k_cache = caches[r.next()];
+    lay.v_cache = caches[r.next()];
+    lay.sliding = r.next() != 0;
+  }
+  TORCH_CHECK(r.i == ints.size(), "specpilot: lean_layers plan has trailing entries");
+  TORCH_CHECK(static_cast<int64_t>(floats.size()) == 1 + n,
+              "specpilot: lean_layers needs eps and one scale per layer");
+  TORCH_CHECK(call.size() == 8 && call_ints.size() == 5,
+              "specpilot: lean_layers call inputs are 8 tensors and 5 integers");
+  const double eps = floats[0];
+  const c10::optional<at::Tensor> slots = call.get(6);
+  const int64_t slot0 = call_ints[0], kv_len = call_ints[1], batch = call_ints[2],
+                cache_row = call_ints[3], padded = call_ints[4];
+  const c10::optional<at::Tensor> pack = call.get(7);
+  const bool local = call.get(3).has_value();
+  const auto wanted = [&](int64_t i) { return std::find(want.begin(), want.end(), i) != want.end(); };
+  std::vector<std::pair<int64_t, at::Tensor>> hidden;
+
+  at::Tensor x = x_in;
+  at::Tensor a = sp_ops::rms_norm(x, layers[0].norms[0], eps, gemma, isa);
+  for (int64_t i = 0; i < n; ++i) {
+    const Layer& lay = layers[static_cast<size_t>(i)];
+    if (wanted(i)) hidden.emplace_back(i, x);
+    const size_t tab = lay.sliding && local ? 3 : 0;
+    at::Tensor qkv = lay.qkv(a);
+    if (pack.has_value()) {  // attention on the padded layout: pad rows are zeros
+      at::Tensor full = at::zeros({padded, qkv.size(1)}, qkv.options());
+      full.index_put_({*pack}, qkv);
+      qkv = full;
+    }
+    at::Tensor o = sp_ops::rope_attention(
+        qkv, *call.get(tab), *call.get(tab + 1), lay.q_norm, lay.k_norm, eps, gemma, lay.k_cache,
+        lay.v_cache, cache_row, batch, slots, slot0, kv_len, call.get(tab + 2),
+        floats[static_cast<size_t>(i) + 1], n_q, n_k, hd, attn_isa);
+    if (pack.has_value()) o = o.index_select(0, *pack);
+    o = lay.o(o);
+    const at::Tensor& next_norm =
+        i + 1 < n ? layers[static_cast<size_t>(i) + 1].norms[0] : final_norm;
+    const auto act = [&](const at::Tensor& in) {
+      if (lay.fused) return sp_ops::glu(lay.gate_up(in), c10::nullopt, kind, isa);
+      return sp_ops::glu(lay.gate_up(in), lay.up(in), kind, isa);
+    };
+    if (gemma) {
+      const at::Tensor h = x + sp_ops::rms_norm(o, lay.norms[1], eps, true, isa);
+      a = act(sp_ops::rms_norm(h, lay.norms[2], eps, true, isa));
+      x = h + sp_ops::rms_norm(lay.down(a), lay.norms[3], eps, true, isa);
+      a = sp_ops::rms_norm(x, next_norm, eps, true, isa);
+      continue;
+    }
+    at::Tensor h;
+    std::tie(h, a) = sp_ops::add_rms_norm(o, x, lay.norms[1], eps, false, isa);
+    a = act(a);
+    const at::Tensor d = lay.down(a);
+    std::tie(x, a) = sp_ops::add_rms_norm(d, h, next_norm, eps, false, isa);
+  }
+  if (wanted(n)) hidden.emplace_back(n, a);
+  std::vector<at::Tensor> out{a};
+  for (int64_t w : want) {
+    for (const auto& [i, h] : hidden) {
+      if (i == w) out.push_back(h);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(specpilot, m) {
+  m.def(
+      "lean_layers(Tensor x, Tensor[] tensors, Tensor(a!)[] caches, int[] ints, "
+      "float[] floats, Tensor?[] call, int[] call_ints, int[] want) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(specpilot, CPU, m) { m.impl("lean_layers", &lean_layers); }
