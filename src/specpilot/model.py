@@ -437,8 +437,6 @@ class Transformer(nn.Module):
     def _lean_plan(self) -> step.Plan | None:
         """The lean forward's plan when it applies (row ops, fixed attention); it emits the
         kernel-class ranges itself when they are on (the cost model profiles the same ops)."""
-        if not step.eligible(self):
-            return None
         self._plan = step.current(self, self._plan)
         return self._plan
 

@@ -39,7 +39,9 @@ class CostCurve:
 
     def __call__(self, rows: int) -> float:
         xs = self.rows
-        ys = list(itertools.accumulate(self.seconds, max))  # more rows never cost less
+        ys = self._levels
+        if ys is None:  # more rows never cost less; kept until observe moves a point
+            ys = self._levels = list(itertools.accumulate(self.seconds, max))
         if rows <= xs[0] or len(xs) == 1:
             return ys[0]
         for i in range(1, len(xs)):
@@ -53,6 +55,9 @@ class CostCurve:
     """Observed steps per point, by interpolation weight (:meth:`observe`)."""
     base: list[float] = field(default_factory=list)
     """The calibration's readings (the points never observed follow them: :meth:`_follow`)."""
+    _levels: list[float] | None = field(default=None, init=False, repr=False, compare=False)
+    """The non-decreasing curve through :attr:`seconds` (None: to compute; a step's choice
+    reads the curve ~10-100 times)."""
 
     def observe(self, rows: int, seconds: float) -> None:
         """Move the curve at ``rows`` toward an observed step time: the two measured points
@@ -80,6 +85,7 @@ class CostCurve:
         if pred <= 0:
             return
         seconds = min(max(seconds, 0.5 * pred), 2.0 * pred)  # one stalled step moves it little
+        self._levels = None
         delta = self.smoothing * (seconds - pred)
         for j, w in parts:
             self.seconds[j] += w * delta

@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import Tensor, nn
 
 from specpilot.kernels import int8
 from specpilot.kernels.linear import GGUFLinear, GGUFMultiLinear
-
-if TYPE_CHECKING:
-    from specpilot.kernels.step import Packing
 
 STACK_ENV = "SPECPILOT_LEAN_STACK"
 """``0`` turns the op off (the Python loop runs every step): for before/after timings."""
@@ -145,14 +142,14 @@ def run(
     slots: Tensor | None,
     ints: tuple[int, int, int, int],
     want: set[int],
-    pack: Packing | None = None,
+    pack: tuple[Tensor, int] | None = None,
 ) -> tuple[Tensor, dict[int, Tensor]]:
     """The layers and the final norm on ``x`` (rows, dim), as :func:`step.run`: the normed final
     state and the wanted layer inputs. ``tables``: (cos, sin, mask) of the full-attention and
     (if any) the sliding layers; ``ints``: (slot0, kv_len, batch, cache_row); ``pack``: the
-    real rows of a padded call (the attention runs on the padded layout)."""
+    real rows of a padded call and the rows of its padded layout (the attention runs on it)."""
     local = tables[1] if len(tables) > 1 else (None, None, None)
-    index, padded = (None, 0) if pack is None else (pack.index, pack.batch * pack.width)
+    index, padded = pack if pack is not None else (None, 0)
     call = [*tables[0], *local, slots, index]
     keep = sorted(i for i in want if 0 <= i <= s.n_layers)
     out = s.op(x, s.tensors, s.caches, s.ints, s.floats, call, [*ints, padded], keep)

@@ -125,11 +125,16 @@ def _act(mlp: Any, glu: Any, isa: int) -> Callable[[Tensor], Tensor]:
     return lambda a: glu(gate(a), up(a), kind, isa)
 
 
-def current(model: Any, p: Plan | None) -> Plan:
-    """``p`` if it is still ``model``'s view of its linears, else a new :func:`plan`."""
+def current(model: Any, p: Plan | None) -> Plan | None:
+    """The lean forward's plan of ``model``: ``p`` while it is still its view of the layers
+    (``p`` is dropped when the cache is set up again or the row ops change), else a new
+    :func:`plan`; None where the lean forward does not apply (:func:`eligible`). Called every
+    forward: a kept plan costs three attribute reads, not a walk over the layers."""
+    if not (model.rowops and model.attention == "fixed") or model.compiled is not None:
+        return None
     if p is not None and p.version == schedule_version():
         return p
-    return plan(model)
+    return plan(model) if eligible(model) else None
 
 
 def plan(model: Any) -> Plan:
@@ -199,7 +204,8 @@ def run(p: Plan, x: Tensor, c: Call, want: set[int]) -> tuple[Tensor, dict[int, 
     call for all the layers where :attr:`Plan.stack` applies (not under the profiler ranges)."""
     if p.stack is not None and not kernel_ranges_enabled():
         ints = (c.slot0, c.kv_len, c.batch, c.cache_row)
-        return stack.run(p.stack, x, c.tables, c.slots, ints, want, c.pack)
+        pack = None if c.pack is None else (c.pack.index, c.pack.batch * c.pack.width)
+        return stack.run(p.stack, x, c.tables, c.slots, ints, want, pack)
     ro = rowops.ops()
     rms, add_rms = ro.rms_norm.default, ro.add_rms_norm.default
     attend = attention_ops().rope_attention.default
