@@ -97,6 +97,8 @@ class AcceptanceStats:
     def observe(self, tree: DraftTree, path: Sequence[int], regime: int = 0) -> None:
         """Count every verified node of ``tree`` (drafted in ``regime``); the nodes on the
         accepted ``path`` count as accepted."""
+        if not tree.size:  # a plain step's empty tree: nothing to count (most steps at a batch)
+            return
         on_path = set(path)
         self.observe_nodes(tree, range(tree.size), [i in on_path for i in range(tree.size)],
                            regime)  # fmt: skip
@@ -140,6 +142,8 @@ def node_gains(tree: DraftTree, stats: AcceptanceStats, regime: int = 0) -> list
     >>> [round(g, 3) for g in node_gains(t, stats, regime=3)]          # another regime: priors
     [0.9, 0.8]
     """
+    if not tree.size:
+        return []
     depths, scores = tree.depths.tolist(), tree.scores.tolist()
     parents = tree.parents.tolist()
     out: list[float] = []

@@ -379,7 +379,8 @@ class Selector:
         ``keys``: the sequences' identities across steps (default: their positions)."""
         regimes = regimes if regimes is not None else [0] * len(trees)
         for t, p, r in zip(trees, paths, regimes, strict=True):
-            self.stats.observe(t, p, r)
+            if t.size:
+                self.stats.observe(t, p, r)
         drafted, self._drafted = self._drafted, None
         if committed is not None:
             keys = keys if keys is not None else range(len(committed))
@@ -387,8 +388,9 @@ class Selector:
                 for key, (raw, keep, r) in zip(keys, drafted, strict=True):
                     if raw.size:
                         self.shadow.note(key, raw, keep, r)
-            for key, toks in zip(keys, committed, strict=True):
-                self.shadow.advance(key, toks, self.stats)
+            if self.shadow.pending:  # nothing waits on most plain steps
+                for key, toks in zip(keys, committed, strict=True):
+                    self.shadow.advance(key, toks, self.stats)
         width = max((t.size for t in trees), default=0)
         rows = len(trees) + sum(t.size for t in trees) if packed else len(trees) * (1 + width)
         self.log.append((len(trees), rows, self.curve(rows), verify_s))
