@@ -2,9 +2,9 @@
 (``csrc/forward_ops.cpp``).
 
 :func:`specpilot.kernels.step.run` calls ~8 ops a layer from Python: on SmolLM2's 30 layers
-~240 dispatches and their glue, about 1 ms of a 10 ms one-row step on a 2-core Xeon. The op here
-runs the same op functions in the same order on the same arguments in C++, so its outputs have
-the same bits (tests/test_lean_stack.py); what it saves is only the Python between them.
+~240 dispatches and their glue, 1.3-2 ms of a 9-18 ms step on a 2-core Xeon (BENCHMARKS.md). The
+op here runs the same op functions in the same order on the same arguments in C++, so its outputs
+have the same bits (tests/test_lean_step.py); what it saves is only the Python between them.
 
 :func:`pack` reads the layers once into flat lists (the weights, the caches, an integer plan and
 the floats; the layout is in the op's source) and returns None where the op does not apply: a

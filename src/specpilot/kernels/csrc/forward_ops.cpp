@@ -2,26 +2,28 @@
 // forward (specpilot/kernels/step.py) in one op call.
 //
 // The Python loop of step.run costs ~240 op dispatches and their Python glue per forward (a
-// few us each: ~1 ms of a 10 ms SmolLM2 step). Here the same op functions are called in the same
-// order on the same arguments (ops_api.h: each is the registered op's own function), so every
+// few us each: 1.3-2 ms of a 9-18 ms SmolLM2 step). Here the same op functions are called in the
+// same order on the same arguments (ops_api.h: each is the registered op's own function), so every
 // output has the bits of step.run's: no reduction is added, moved or split.
 //
-// Arguments (built once per plan by step.py, `_pack_plan`):
-//   tensors  the weights (GGUF blocks, biases, norms, q/k norms);
-//   caches   the K/V caches (written: each layer's new keys and values);
-//   ints     [n_layers, gemma, isa, attn_isa, n_q, n_k, head_dim, glu_kind, final_norm], then per
-//            layer: qkv, o_proj (linears), fused (1: gate_up, else gate and up), the MLP linears,
-//            down, the norm count and indices, q_norm, k_norm (-1: none), the k and v caches
-//            (indices into caches), sliding; a linear is [parts, k, bias (-1: none), int8, isa, row tile and column
-//            tile of one-row calls, of multi-row calls, then (blocks, qtype, n) per part];
-//   floats   [eps, then each layer's attention scale];
-//   call     [cos, sin, mask of the full-attention layers, the same of the sliding layers (None
-//            when the model has none), slots (None: contiguous from slot0), the real rows of a
-//            packed call in the padded layout (None: not packed)];
+// Arguments (built once per plan by specpilot/kernels/stack.py, `pack`):
+//   tensors   the weights (GGUF blocks, biases, norms, q/k norms);
+//   caches    the K/V caches (written: each layer's new keys and values);
+//   ints      [n_layers, gemma, isa, attn_isa, n_q, n_k, head_dim, glu_kind, final_norm], then
+//             per layer: qkv, o_proj (linears), fused (1: gate_up, else gate and up), the MLP
+//             linears, down, the norm count and indices, q_norm, k_norm (-1: none), the k and v
+//             caches (indices into caches), sliding; a linear is [parts, k, bias (-1: none), isa,
+//             row tile and column tile of one-row calls, of multi-row calls, then per part
+//             (blocks, qtype, n, int8, the part's own bias)]: parts of one profile run as one
+//             fused call, parts of mixed profiles each alone, concatenated (GGUFMultiLinear);
+//   floats    [eps, then each layer's attention scale];
+//   call      [cos, sin, mask of the full-attention layers, the same of the sliding layers (None
+//             when the model has none), slots (None: contiguous from slot0), the real rows of a
+//             packed call in the padded layout (None: not packed)];
 //   call_ints [slot0, kv_len, batch, cache_row, rows of the padded layout];
+//   want      layer inputs to return (index n_layers: the normed final state).
 // A packed call (step.Packing) runs every op on the real rows but the attention, which runs on
 // the padded layout (pad rows zero), as step._attend does.
-//   want     layer inputs to return (index n_layers: the normed final state).
 // Returns [the normed final state, then the wanted states in the order of want].
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -104,7 +106,8 @@ struct Layer {
 };
 
 std::vector<at::Tensor> lean_layers(const at::Tensor& x_in, at::TensorList t,
-                                    at::TensorList caches, at::IntArrayRef ints, at::ArrayRef<double> floats,
+                                    at::TensorList caches, at::IntArrayRef ints,
+                                    at::ArrayRef<double> floats,
                                     const c10::List<c10::optional<at::Tensor>>& call,
                                     at::IntArrayRef call_ints, at::IntArrayRef want) {
   Reader r{ints};
@@ -142,7 +145,9 @@ std::vector<at::Tensor> lean_layers(const at::Tensor& x_in, at::TensorList t,
                 cache_row = call_ints[3], padded = call_ints[4];
   const c10::optional<at::Tensor> pack = call.get(7);
   const bool local = call.get(3).has_value();
-  const auto wanted = [&](int64_t i) { return std::find(want.begin(), want.end(), i) != want.end(); };
+  const auto wanted = [&](int64_t i) {
+    return std::find(want.begin(), want.end(), i) != want.end();
+  };
   std::vector<std::pair<int64_t, at::Tensor>> hidden;
 
   at::Tensor x = x_in;
