@@ -101,14 +101,6 @@ class Plan:
     tiles or profiles changed since is read again (:func:`current`)."""
 
 
-def eligible(model: Any) -> bool:
-    """Whether ``model`` runs the lean forward: the row ops on (native weights turn them on),
-    ``attention="fixed"`` with its cache set up, and not compiled."""
-    if not (model.rowops and model.attention == "fixed") or model.compiled is not None:
-        return False
-    return all(layer.self_attn.fixed is not None for layer in model.model.layers)
-
-
 def _qkv(att: Any) -> Callable[[Tensor], Tensor]:
     if att.qkv is not None:
         return att.qkv.forward  # type: ignore[no-any-return]
@@ -128,13 +120,16 @@ def _act(mlp: Any, glu: Any, isa: int) -> Callable[[Tensor], Tensor]:
 def current(model: Any, p: Plan | None) -> Plan | None:
     """The lean forward's plan of ``model``: ``p`` while it is still its view of the layers
     (``p`` is dropped when the cache is set up again or the row ops change), else a new
-    :func:`plan`; None where the lean forward does not apply (:func:`eligible`). Called every
-    forward: a kept plan costs three attribute reads, not a walk over the layers."""
+    :func:`plan`; None where the lean forward does not apply: the row ops off (native weights
+    turn them on), attention not ``"fixed"`` with every layer's cache set up, or compiled.
+    Called every forward: a kept plan costs three attribute reads, not a walk over the layers."""
     if not (model.rowops and model.attention == "fixed") or model.compiled is not None:
         return None
     if p is not None and p.version == schedule_version():
         return p
-    return plan(model) if eligible(model) else None
+    if any(layer.self_attn.fixed is None for layer in model.model.layers):
+        return None
+    return plan(model)
 
 
 def plan(model: Any) -> Plan:
