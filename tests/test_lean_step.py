@@ -135,27 +135,35 @@ def test_prepack_after_a_forward_rebuilds_the_plan() -> None:
         assert torch.equal(got, plain(toks, pos, 0, 3).logits)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("numerics", ["fp32", "int8"])
 @pytest.mark.parametrize("name", ["llama", "untied", "qwen2", "gemma3"])
 def test_one_op_for_the_layers_gives_the_python_loops_bits(
-    name: str, numerics: str, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch  # noqa: F811
-) -> None:
-    """``specpilot::lean_layers`` (:mod:`specpilot.kernels.stack`) against the Python loop of
-    :func:`specpilot.kernels.step.run` over every call of ``_drive`` (packed calls
-    too), in both numerics profiles."""
+    name: str, numerics: str, threads: int, files: dict[str, Path],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """``specpilot::lean_layers`` (:mod:`specpilot.kernels.stack`) on ``threads`` threads against
+    the Python loop of :func:`specpilot.kernels.step.run` on two, over every call of ``_drive``
+    (1 to 12 rows, packed calls too), in both numerics profiles."""
 
     def make() -> Transformer:
         m = load_native(files[name])[0]
         m.set_numerics(numerics)
         return m
 
-    with monkeypatch.context() as mp:
-        mp.setattr(step.stack, "pack", lambda *a: None)
-        loop = make()
-        want = _drive(loop, loop.cfg.vocab_size)
-        assert loop._plan is not None and loop._plan.stack is None
-    one = make()
-    got = _drive(one, one.cfg.vocab_size)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with monkeypatch.context() as mp:
+            mp.setattr(step.stack, "pack", lambda *a: None)
+            loop = make()
+            want = _drive(loop, loop.cfg.vocab_size)
+            assert loop._plan is not None and loop._plan.stack is None
+        torch.set_num_threads(threads)
+        one = make()
+        got = _drive(one, one.cfg.vocab_size)
+    finally:
+        torch.set_num_threads(before)
     assert one._plan is not None and one._plan.stack is not None  # the op ran
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert torch.equal(a, b), i
