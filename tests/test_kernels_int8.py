@@ -531,3 +531,33 @@ def test_smollm2_int8_speculative_equals_plain() -> None:
         res = eng.generate(ids, gen, drafter=drafter, spec=spec)
         assert res.tokens == ref, prompt
         assert res.tau > 1.2
+
+
+@pytest.mark.skipif(not AVX2, reason="no AVX2 here")
+@pytest.mark.parametrize("isa", VECTOR)
+@pytest.mark.parametrize("name", [q for q in QUANT if q not in BLOCK])
+def test_trailing_group_read_in_place_never_leaks_the_next_row(name: str, isa: str) -> None:
+    """A trailing group of 2 blocks (SmolLM2's k = 576) is read in place, its dead lanes from
+    the next weight row: good rows alternate with rows of all-0xff bytes (NaN scales, extreme
+    integers), and every good row's outputs equal the portable path's, bit for bit, at the row
+    counts of the blocks-across-lanes schedule, 1 and 2 threads; the last row (no next row in
+    the tensor) is good too."""
+    n, k = 9, k_for(name, 18)
+    raw = as_tensor(extreme_weight(name, n, k, seed=50)).clone()
+    rb = raw.numel() // n
+    for r in range(1, n, 2):
+        raw[r * rb : (r + 1) * rb] = 0xFF
+    good = list(range(0, n, 2))
+    prev = torch.get_num_threads()
+    try:
+        for m in (3, 8, 16):
+            x = extreme_rows(m, k, seed=51 + m)
+            ref = int8.gguf_matmul_int8(x, raw, qt(name), n, k, None, isa_code("portable"))
+            assert torch.isfinite(ref[:, good]).all()
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                got = int8.gguf_matmul_int8(x, raw, qt(name), n, k, None, isa_code(isa))
+                assert torch.equal(bits(got[:, good]), bits(ref[:, good])), (m, threads)
+            torch.set_num_threads(prev)
+    finally:
+        torch.set_num_threads(prev)

@@ -51,6 +51,10 @@ struct Q8GemmArgs {
   const float* bias;  // nullptr: none
   float* y;
   int64_t n;
+  // One past the last byte of the weight tensor w points into (nullptr: unknown). A schedule
+  // may read a trailing group's 8 blocks in place where they end before it (the blocks past
+  // the row's end then meet zero activations in lanes that are not stored).
+  const uint8_t* w_end = nullptr;
 };
 
 inline bool q8_supported(int qt) {

@@ -12,7 +12,9 @@
 // same. Unsigned weights multiply the signed activations as they are (Q4_0 / Q5_0 as w + 8 /
 // w + 16, Q8_0 as w + 128: isum = dot - o * sum(q)); Q6_K keeps |w| with the sign moved onto x
 // and sums its two 16-element halves (steps 0-3, 4-7) apart for the two sub-scales. A trailing
-// group of fewer than 8 blocks is decoded from a zero-padded copy and updates only its lanes.
+// group of fewer than 8 blocks updates only its lanes: it is read in place where the weight
+// tensor goes on past its 8 blocks (the blocks past the row meet zero activations), else from a
+// zero-padded copy.
 #pragma once
 
 #include <cstring>
@@ -192,8 +194,10 @@ void tcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
       if (g < nb) {
         const int cnt = static_cast<int>(nb - g);
         for (int i = 0; i < NC; ++i) {
-          std::memset(pad[i], 0, kPad);
-          std::memcpy(pad[i], group_base<W>(row[i], g), static_cast<size_t>(cnt) * W::kBytes);
+          base[i] = group_base<W>(row[i], g);
+          if (a.w_end != nullptr && base[i] + 8 * W::kBytes <= a.w_end) continue;
+          std::memset(pad[i], 0, kPad);  // the tensor's last rows: a zero-padded copy
+          std::memcpy(pad[i], base[i], static_cast<size_t>(cnt) * W::kBytes);
           base[i] = pad[i];
         }
         tgroup<W, RB, NP>(a, base, r0, g, cnt, acc);

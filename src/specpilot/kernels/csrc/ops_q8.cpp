@@ -152,7 +152,8 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
                          rb,
                          bp,
                          y.data_ptr<float>(),
-                         n};
+                         n,
+                         blocks.data_ptr<uint8_t>() + blocks.numel()};
   // default schedule: up to 4 rows (8 in the AVX2 lanes schedule, 16 on the AVX-512 path) share
   // each decoded weight block;
   // column tiles of 8 keep a row tile's activations and a column tile's weights in L1
@@ -215,7 +216,8 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
     args.push_back(sp::Q8GemmArgs{qt, rows, blocks[p].data_ptr<uint8_t>(),
                                   k / sp::block_elems(qt) * sp::block_bytes(qt),
                                   bp == nullptr ? nullptr : bp + off[p],
-                                  y.data_ptr<float>() + off[p], total});
+                                  y.data_ptr<float>() + off[p], total,
+                                  blocks[p].data_ptr<uint8_t>() + blocks[p].numel()});
     off[p + 1] = off[p] + ns[p];
   }
   const int rt = row_tile > 0 ? static_cast<int>(row_tile) : isa_path >= 3 ? 16 : 8;
