@@ -6,6 +6,7 @@ numerics profiles) with and without the fusion."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +28,11 @@ pytestmark = pytest.mark.skipif(
 K = 512
 
 
-def parts_of(names: list[str], ns: list[int], seed: int) -> list[tuple[torch.Tensor, int, int]]:
+def parts_of(
+    names: list[str], ns: list[int], seed: int, k: int = K
+) -> list[tuple[torch.Tensor, int, int]]:
     return [
-        (as_tensor(random_weight(nm, n, K, seed + i)), qt(nm), n)
+        (as_tensor(random_weight(nm, n, k, seed + i)), qt(nm), n)
         for i, (nm, n) in enumerate(zip(names, ns, strict=True))
     ]
 
@@ -77,29 +80,48 @@ def test_fused_int8_equals_separate_int8_calls(name: str, threads: int) -> None:
     others = {"Q8_0": "Q4_0", "Q4_0": "Q6_K"}
     names = [others.get(name, "Q8_0"), name, "Q5_0"]
     parts = parts_of(names, [301, 77, 150], seed=len(name) * 5 + threads)
+    fused_int8_equals_separate(parts, K, range(1, 10), threads)
+    op = torch.ops.specpilot.gguf_matmul_q8_multi
+    with pytest.raises(RuntimeError, match="no int8 kernel"):
+        op(torch.randn(9, K), [parts[0][0]], [qt("F16")], [parts[0][2]], K)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_int8_with_a_trailing_group_equals_separate_calls(threads: int) -> None:
+    """Rows of 18 blocks (SmolLM2's k = 576: a trailing group of 2) at the blocks-across-lanes
+    schedule's row counts: the fused op, whose parts each bound their own in-place reads,
+    against separate calls, every weight type that has a trailing group."""
+    k = 32 * 18
+    parts = parts_of(["Q8_0", "Q4_1", "Q5_0", "Q4_0"], [37, 13, 29, 11], seed=60 + threads, k=k)
+    fused_int8_equals_separate(parts, k, (3, 8, 16), threads)
+
+
+def fused_int8_equals_separate(
+    parts: list[tuple[torch.Tensor, int, int]], k: int, rows: Iterable[int], threads: int
+) -> None:
+    """The int8 fused op over ``parts`` equals separate gguf_matmul_q8 calls, bit for bit, at
+    each row count, with and without bias, on every ISA path."""
     total = sum(p[2] for p in parts)
     op = torch.ops.specpilot.gguf_matmul_q8_multi
     g = torch.Generator().manual_seed(threads)
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for m in range(1, 10):
-            x = torch.randn(m, K, generator=g)
+        for m in rows:
+            x = torch.randn(m, k, generator=g)
             for bias in (None, torch.randn(total, generator=g)):
                 for isa in ISAS:
                     code = kernels.linear.isa_code(isa)
                     outs, off = [], 0
                     for blocks, t, n in parts:
                         b = None if bias is None else bias[off : off + n].contiguous()
-                        outs.append(kernels.gguf_matmul_int8(x, blocks, t, n, K, b, code))
+                        outs.append(kernels.gguf_matmul_int8(x, blocks, t, n, k, b, code))
                         off += n
                     blocks, types = [p[0] for p in parts], [p[1] for p in parts]
-                    got = op(x, blocks, types, [p[2] for p in parts], K, bias, code)
+                    got = op(x, blocks, types, [p[2] for p in parts], k, bias, code)
                     assert same_bits(got, torch.cat(outs, dim=-1)), (m, isa, bias is None)
     finally:
         torch.set_num_threads(prev)
-    with pytest.raises(RuntimeError, match="no int8 kernel"):
-        op(x, [parts[0][0]], [qt("F16")], [parts[0][2]], K)
 
 
 @pytest.mark.parametrize("tiles", [(1, 1), (2, 3), (3, 4), (4, 2), (8, 4)])
