@@ -195,20 +195,41 @@ def test_a_probe_that_cannot_pay_even_in_the_best_case_is_skipped_a_few_times_in
     assert probes(3, 1) == every  # at batch 1 the best case pays: every probe runs
 
 
-def test_a_new_sequence_drafts_first_and_restarts_the_backoff() -> None:
+def test_a_new_sequence_drafts_first_and_carries_a_plain_backoff_at_half_its_gap() -> None:
+    """A new sequence drafts its first step; after one whose drafter drafted to the end the
+    backoff starts afresh, after one where plain decoding won it carries over at half its gap
+    (the next probe that many steps after a first draft that chose plain decoding)."""
     curve = CostCurve([1, 2, 8], [0.006, 0.0065, 0.009])
-    sel = Selector(curve)
+    sel = Selector(curve, probe_every=8)
+    sure = DraftTree.chain([1, 2], [0.0, 0.0])
+    sel.note_draft(0.004, catchup=False)
+    assert sel.select([sure])[0].size == 2  # nodes chosen: the drafter on
+    sel.probe_gap, sel.bound_skips = 16, 2
+    sel.begin_sequence()
+    assert sel.last is None and sel.should_draft()  # a new prompt: draft its first step
+    assert sel.probe_gap == 0 and sel.bound_skips == 0
+
     weak = DraftTree.chain([1, 2], [math.log(0.95)] * 2)
     for _ in range(50):
         sel.stats.observe(weak, [])  # never accepted
-    sel.note_draft(0.004, catchup=False)
     sel.select([weak])
     sel.last = choose([[]], curve, sel.draft_s)  # plain decoding won
     sel.probe_gap, sel.bound_skips = 64, 2
     assert not sel.should_draft()
     sel.begin_sequence()
-    assert sel.last is None and sel.should_draft()  # a new prompt: draft its first step
-    assert sel.probe_gap == 0 and sel.bound_skips == 0
+    assert sel.last is None and sel.probe_gap == 32 and sel.bound_skips == 0
+    drafts = []
+    for step in range(40):
+        if sel.should_draft():
+            drafts.append(step)
+            sel.note_draft(0.004)
+            assert sel.select([weak])[0].size == 0
+        else:
+            sel.note_skip()
+    assert drafts == [0, 32]  # the prompt, then the first probe half the last gap in
+    sel.probe_gap = 8
+    sel.begin_sequence()
+    assert sel.probe_gap == 8  # never below probe_every
 
 
 def test_a_tiered_drafter_runs_its_dear_part_every_step_only_while_it_pays() -> None:
