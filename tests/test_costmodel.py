@@ -133,6 +133,41 @@ def test_floor() -> None:
     assert floor_s(Work(1e3, 3.6e9), 1e11, 4e10, 0.6, 0.9) == pytest.approx(0.1)
     # fp64 FLOPs against the fp64 peak (half here)
     assert floor_s(Work(6e9, 0, 6e9), 1e11, 4e10, 0.6, 0.9, 5e10) == pytest.approx(0.2)
+    # int8 FLOPs against the int8 peak (8x here): 6e9 at 0.6 x 8e11 = 12.5 ms, + 1.2e9 fp32 at
+    # 0.6 x 1e11 = 20 ms; without an int8 peak they fall back to the fp32 one
+    w8 = Work(7.2e9, 1e6, 0.0, 6e9)
+    assert floor_s(w8, 1e11, 4e10, 0.6, 0.9, None, 8e11) == pytest.approx(0.0325)
+    assert floor_s(w8, 1e11, 4e10, 0.6, 0.9) == pytest.approx(0.12)
+
+
+def test_int8_share_moves_the_gemm_flops_only() -> None:
+    """In the int8 profile the linears' 2 x weights x rows FLOPs are integer dot products; the
+    norms, RoPE, SiLU and attention stay fp32."""
+    cfg, shape = tiny_config(), StepShape(rows=3, row_keys=3 * 13, keys=10)
+    fp = step_work(cfg, shape, Dtypes(4, 4, 4))
+    q8 = step_work(cfg, shape, Dtypes(4, 4, 4, int8=1.0, head_int8=0.5))
+    assert all(q8[k].flops == fp[k].flops and fp[k].int8_flops == 0 for k in fp)
+    assert q8["qkv"].int8_flops == 2 * 2 * 3 * 48 * 96  # L = 2 layers
+    assert q8["gate_up"].int8_flops == 2 * 2 * 3 * 48 * 192
+    assert q8["down"].int8_flops == q8["o_proj"].int8_flops * 2 == 2 * 2 * 3 * 96 * 48
+    assert q8["lm_head"].int8_flops == 0.5 * 2 * 3 * 48 * 64
+    assert q8["attention"].int8_flops == 0
+
+
+def test_native_int8_share_counts_the_int8_kernels() -> None:
+    class Lin(torch.nn.Module):
+        def __init__(self, out_f: int, in_f: int, int8: bool) -> None:
+            super().__init__()
+            self.in_features, self.out_features, self.int8 = in_f, out_f, int8
+            self.register_buffer("blocks", torch.zeros(1, dtype=torch.uint8))
+
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([torch.nn.Module()])
+    model.layers[0].q = Lin(96, 64, True)  # 6144 elements on the int8 kernel
+    model.layers[0].v = Lin(32, 64, False)  # 2048 on the fp32 one (e.g. an F16 tensor)
+    model.lm_head = Lin(256, 64, True)
+    assert roofline.native_int8_share(model) == (0.75, 1.0)
+    assert roofline.native_int8_share(torch.nn.Linear(4, 4)) == (0.0, 0.0)
 
 
 # -- hardware -----------------------------------------------------------------------------------
@@ -179,9 +214,40 @@ def test_cpu_calibration_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert len(calls) == 2
 
 
+def test_cached_peaks_are_the_best_quiet_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peak is a maximum: a later quiet calibration that reads less (a neighbour's traffic on
+    a shared host) keeps the cached figure and says so; one that reads more raises it."""
+    readings = iter([(1e11, 4e10, 8e11), (1.2e11, 2.5e10, 6e11), (0.9e11, 5e10, 9e11)])
+
+    def fake(device: torch.device, dtype: torch.dtype, repeats: int = 3) -> dict[str, float]:
+        f, bw, i8 = next(readings)
+        return {"peak_flops": f, "peak_flops_fp64": 5e10, "peak_bw": bw, "peak_ops_int8": i8}
+
+    monkeypatch.setattr(hw_mod, "calibrate", fake)
+    monkeypatch.setattr(hw_mod, "_cpu_times", lambda: None)
+    first = hw_mod.detect("cpu", torch.float32, cache_dir=tmp_path)
+    assert (first.peak_bw, first.int8_peak, first.notes) == (4e10, 8e11, ())
+    low = hw_mod.detect("cpu", torch.float32, cache_dir=tmp_path, recalibrate=True)
+    assert (low.peak_flops, low.peak_bw, low.peak_ops_int8) == (1.2e11, 4e10, 8e11)
+    assert "peak_bw, peak_ops_int8 kept from an earlier quiet calibration" in low.notes[0]
+    assert "25.0 GB/s" in low.notes[0]
+    high = hw_mod.detect("cpu", torch.float32, cache_dir=tmp_path, recalibrate=True)
+    assert (high.peak_flops, high.peak_bw, high.peak_ops_int8) == (1.2e11, 5e10, 9e11)
+    cached = hw_mod.detect("cpu", torch.float32, cache_dir=tmp_path)
+    assert cached.source == "calibrated (cached)" and cached.peak_bw == 5e10
+    assert "int8 900 GOP/s" in cached.describe()
+
+
+def test_no_int8_peak_falls_back_to_the_dtype_peak() -> None:
+    assert HW.peak_ops_int8 is None and HW.int8_peak == HW.peak_flops
+
+
 def test_calibration_measures_something() -> None:
     m = hw_mod.calibrate(torch.device("cpu"), torch.float32, repeats=1)
     assert m["peak_flops"] > 1e8 and m["peak_bw"] > 1e8 and m["peak_flops_fp64"] > 1e7
+    assert m["peak_ops_int8"] > 1e8  # torch's int8 GEMM (0.0 only where torch lacks one)
 
 
 # -- factors ------------------------------------------------------------------------------------

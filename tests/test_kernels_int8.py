@@ -395,10 +395,11 @@ def test_linear_profile_switches_the_kernel_and_dense_types_keep_fp32() -> None:
     n, k = 8, 96
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(15))
     lin = kernels.GGUFLinear(as_tensor(random_weight("Q4_1", n, k, 16)), qt("Q4_1"), n, k)
-    assert lin.profile == "fp32"
+    assert lin.profile == "fp32" and not lin.int8
     y32 = lin(x)
     lin.profile = "int8"
     assert lin.profile == "int8" and torch.equal(lin(x), mm(x, lin.blocks, "Q4_1", n, k))
+    assert lin.int8
     assert not torch.equal(lin(x), y32)
     lin.profile = "fp32"
     assert torch.equal(lin(x), y32)
@@ -409,6 +410,7 @@ def test_linear_profile_switches_the_kernel_and_dense_types_keep_fp32() -> None:
         want = dense(x)
         dense.profile = "int8"
         assert not int8.int8_supports(qt(name)) and torch.equal(bits(dense(x)), bits(want))
+        assert not dense.int8  # the cost model holds its FLOPs against the fp32 peak
 
 
 def test_int8_op_traces_under_torch_compile() -> None:
@@ -448,6 +450,10 @@ def test_native_int8_speculative_equals_plain(native_gguf) -> None:  # type: ign
     assert target.numerics == "int8" and fp32.cfg.numerics == "fp32"
     linears = [mod for mod in target.modules() if isinstance(mod, kernels.GGUFLinear)]
     assert linears and all(lin.profile == "int8" for lin in linears)
+    from specpilot.costmodel.roofline import native_int8_share
+
+    share = native_int8_share(target)  # the cost model's int8 FLOPs follow the kernels
+    assert share[0] > 0 and all(0 <= s <= 1 for s in share)
     target.setup_cache(32, attention="exact")
     logits8 = target(toks, torch.arange(5)[None], 0, 5).logits
     assert logits8 is not None and logits32 is not None
@@ -459,6 +465,8 @@ def test_native_int8_speculative_equals_plain(native_gguf) -> None:  # type: ign
         ref = eng.generate(prompt, gen).tokens
         res = eng.generate(prompt, gen, drafter=make_drafter("suffix"), spec=spec)
         assert res.tokens == ref, prompt
+    target.set_numerics("fp32")
+    assert native_int8_share(target) == (0.0, 0.0)
 
 
 def test_numerics_int8_on_fp32_weights_is_a_config_error(native_gguf) -> None:  # type: ignore[no-untyped-def]  # noqa: F811

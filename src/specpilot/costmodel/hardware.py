@@ -10,20 +10,26 @@ CPUs and unknown devices are calibrated once and cached per machine:
 * FLOP/s: the best of a few large square GEMMs (``torch.mm``, n = 1024 and 2048) in the model's
   dtype, and one in fp64 (for ``exact`` attention). A large GEMM is the most a BLAS reaches on
   the device, which is what a floor should assume.
+* int8 OP/s: the same for an int8 x int8 -> int32 GEMM (``torch._int_mm``, oneDNN's VNNI / AMX
+  kernels on CPU): the peak of the int8-activation numerics profile's integer block dot
+  products (0 where torch has no such kernel: those FLOPs are then held against the model
+  dtype's peak).
 * bandwidth: a 256 MiB streaming read (``x.sum()``) and a 256 MiB copy (``y.copy_(x)``, read +
   write counted); the larger is the peak. Decode traffic is dominated by streaming weight reads,
   which the reduction measures directly; the copy is kept as a cross-check (it is usually lower,
   since writes cost extra on most CPUs).
 
-Each figure is the best of several short repeats. A calibration must be taken on a quiet machine
-(a busy one measures low peaks, so every floor comes out too high and kernels look faster than
-their floors): the CPU time other processes use (``/proc/stat`` busy time minus this process's
+Each figure is the best of several short repeats, and a cached peak is the best of every quiet
+calibration on the machine: a peak is a maximum, so a new calibration can raise a cached figure but
+never lower it (on a shared host the bandwidth a calibration reads moves with the neighbours'
+traffic; a floor from a low reading is no floor). A calibration must also be taken on a quiet
+machine (a busy one measures low peaks, so every floor comes out too high and kernels look faster
+than their floors): the CPU time other processes use (``/proc/stat`` busy time minus this process's
 own, :func:`specpilot.machine.other_load`) is sampled before and during the measurement. A
-calibration taken while other work used more than :func:`load_limit` cores is retried once, and
-if still busy it is used for this run only, never cached, and says so in :attr:`Hardware.notes`
-(a cached quiet one is kept instead where there is one). A profile whose measured kernels beat
-their floors calls :func:`recheck`: one forced re-calibration per process, and a warning in the
-notes.
+calibration taken while other work used more than :func:`load_limit` cores is retried once, and if
+still busy it is used for this run only, never cached, and says so in :attr:`Hardware.notes` (a
+cached quiet one is kept instead where there is one). A profile whose measured kernels beat their
+floors calls :func:`recheck`: one forced re-calibration per process, and a warning in the notes.
 
 The cache is ``hardware.json`` under ``$SPECPILOT_CACHE`` (else ``~/.cache/specpilot``), keyed by
 device model, thread count, dtype and torch version, so a change of any of them recalibrates.
@@ -48,8 +54,11 @@ from specpilot.machine import other_load as other_load  # the load check's publi
 
 R = TypeVar("R")
 
-CALIBRATION_VERSION = 2
-"""2: calibrations taken under load are no longer cached (version 1 entries may be)."""
+CALIBRATION_VERSION = 3
+"""2: calibrations taken under load are no longer cached (version 1 entries may be); 3: an int8
+GEMM peak, and cached peaks are the best over quiet calibrations."""
+PEAK_KEYS = ("peak_flops", "peak_bw", "peak_flops_fp64", "peak_ops_int8", "read_bw", "copy_bw")
+"""The figures of a calibration that are maxima (merged by max into the cache)."""
 CACHE_FILE = "hardware.json"
 
 
@@ -72,6 +81,15 @@ class Hardware:
     """CPU cores other processes used during the calibration (None: unknown or a table)."""
     notes: tuple[str, ...] = ()
     """Warnings about these peaks (a busy calibration, kernels faster than their floors)."""
+    peak_ops_int8: float | None = None
+    """int8 x int8 -> int32 GEMM OP/s (a multiply-add is 2), the int8 profile's integer block
+    dot products; None where not measured (a datasheet table entry, torch without the kernel):
+    :attr:`int8_peak` falls back to :attr:`peak_flops`."""
+
+    @property
+    def int8_peak(self) -> float:
+        """The peak int8 FLOPs are held against."""
+        return self.peak_ops_int8 if self.peak_ops_int8 else self.peak_flops
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -83,9 +101,10 @@ class Hardware:
             stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.measured_at))
             when = f", measured {stamp}"
         busy = f", other processes {self.load:.2f} cores" if self.load is not None else ""
+        i8 = f", int8 {self.peak_ops_int8 / 1e9:.0f} GOP/s" if self.peak_ops_int8 else ""
         return (
             f"peaks {self.peak_flops / 1e9:.1f} GFLOP/s, {self.peak_bw / 1e9:.1f} GB/s, fp64 "
-            f"{self.peak_flops_fp64 / 1e9:.1f} GFLOP/s; source: {self.source}{when}{busy}"
+            f"{self.peak_flops_fp64 / 1e9:.1f} GFLOP/s{i8}; source: {self.source}{when}{busy}"
         )
 
 
@@ -179,6 +198,7 @@ def calibrate(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> dic
     n = 1024
     a64 = torch.randn(n, n, device=device, dtype=torch.float64)
     fp64 = 2 * n**3 / _best(lambda: torch.mm(a64, a64), device, repeats)
+    int8 = _int8_ops(device, repeats)
     x = torch.ones(64 * 2**20, device=device)  # 256 MiB of fp32
     y = torch.empty_like(x)
     nbytes = x.numel() * x.element_size()
@@ -187,10 +207,26 @@ def calibrate(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> dic
     return {
         "peak_flops": flops,
         "peak_flops_fp64": fp64,
+        "peak_ops_int8": int8,
         "read_bw": read_bw,
         "copy_bw": copy_bw,
         "peak_bw": max(read_bw, copy_bw),
     }
+
+
+def _int8_ops(device: torch.device, repeats: int) -> float:
+    """Best int8 GEMM OP/s over square n = 1024 and 2048 (``torch._int_mm``); 0.0 where torch
+    has no int8 GEMM for the device."""
+    best = 0.0
+    for n in (1024, 2048):
+        a = torch.randint(-127, 128, (n, n), device=device, dtype=torch.int8)
+        b = torch.randint(-127, 128, (n, n), device=device, dtype=torch.int8)
+        try:
+            t = _best(lambda a=a, b=b: torch._int_mm(a, b), device, repeats)
+        except (RuntimeError, NotImplementedError, AttributeError):
+            return 0.0
+        best = max(best, 2 * n**3 / t)
+    return best
 
 
 # -- load check ---------------------------------------------------------------------------------
@@ -306,8 +342,16 @@ def detect(
     cal = measure(device, dtype)
     rec: dict[str, float | None] = {**cal.peaks, "measured_at": time.time(), "load": cal.load}
     if cal.quiet:
-        _store(path, key, rec)
-        return _hardware(name, entry, rec, "calibrated")
+        best = merge_peaks(cached, rec)
+        _store(path, key, best)
+        raised = [k for k in PEAK_KEYS if (best.get(k) or 0.0) > (rec.get(k) or 0.0)]
+        if not raised:
+            return _hardware(name, entry, best, "calibrated")
+        note = (
+            f"{', '.join(raised)} kept from an earlier quiet calibration of this machine (a peak "
+            f"is the best reading; this one read {_reading(rec)})"
+        )
+        return _hardware(name, entry, best, "calibrated", (note,))
     why = (
         f"a calibration taken while other processes used {cal.load:.2f} CPU cores (limit "
         f"{load_limit():.2f}) was not cached"
@@ -320,6 +364,24 @@ def detect(
     return _hardware(name, entry, rec, "calibrated (not cached)", (note,))
 
 
+def merge_peaks(
+    cached: dict[str, float] | None, new: dict[str, float | None]
+) -> dict[str, float | None]:
+    """``new`` with each of :data:`PEAK_KEYS` raised to the ``cached`` figure where that is
+    higher: the best reading of each peak over the quiet calibrations."""
+    out = dict(new)
+    for k in PEAK_KEYS:
+        old = cached.get(k) if cached else None
+        if isinstance(old, (int, float)) and old > float(out.get(k) or 0.0):
+            out[k] = float(old)
+    return out
+
+
+def _reading(rec: dict[str, float | None]) -> str:
+    flops, bw = float(rec.get("peak_flops") or 0.0), float(rec.get("peak_bw") or 0.0)
+    return f"{flops / 1e9:.1f} GFLOP/s, {bw / 1e9:.1f} GB/s"
+
+
 def _hardware(
     name: str, entry: _Entry | None, rec: dict, source: str, notes: tuple[str, ...] = ()
 ) -> Hardware:
@@ -330,6 +392,7 @@ def _hardware(
         return Hardware(
             entry.name, float(rec["peak_flops"]), entry.bw, entry.fp64, source, when, load, notes
         )
+    int8 = rec.get("peak_ops_int8")
     return Hardware(
         name,
         float(rec["peak_flops"]),
@@ -339,6 +402,7 @@ def _hardware(
         when,
         load,
         notes,
+        float(int8) if isinstance(int8, (int, float)) and int8 > 0 else None,
     )
 
 

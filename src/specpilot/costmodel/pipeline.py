@@ -63,6 +63,7 @@ from specpilot.costmodel.roofline import (
     StepShape,
     Work,
     draft_model_work,
+    native_int8_share,
     native_weight_bytes,
     prefill_work,
     step_work,
@@ -431,11 +432,14 @@ def _work(
     model = engine.model
     size = model.dtype.itemsize
     native = native_weight_bytes(model)  # GGUF blocks: bytes as stored, not the fp32 size
+    q8, head_q8 = native_int8_share(model)  # the int8 profile's integer GEMMs
     dt = Dtypes(
         weight=native[0] if native else size,
         act=size,
         cache=8 if engine.attention == "exact" else size,
         head_weight=native[1] if native else None,
+        int8=q8,
+        head_int8=head_q8,
     )
     rows, keys, row_keys = [], [], []
     for r in actual:

@@ -223,7 +223,7 @@ def kernel_rows(
     rows = []
     for name in names:
         wk = work.get(name, Work(0.0, 0.0))
-        fl = floor_s(wk, hw.peak_flops, hw.peak_bw, alpha, beta, hw.peak_flops_fp64)
+        fl = floor_s(wk, hw.peak_flops, hw.peak_bw, alpha, beta, hw.peak_flops_fp64, hw.int8_peak)
         rows.append(KernelRow(name, wk.flops, wk.bytes, 1e3 * fl, 1e3 * measured_s.get(name, 0.0)))
     return tuple(rows)
 

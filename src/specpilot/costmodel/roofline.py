@@ -39,7 +39,11 @@ useful arithmetic is negligible); a drafter that runs a network - a specpilot dr
 the trained head / block drafter (:func:`trained_drafter_work`) - reads its weights once and
 does 2 FLOPs per weight and row (at least one row) per draft forward: ``drafter`` work =
 forwards per step x (W bytes, 2 P FLOPs). Attention FLOPs of ``exact`` attention are fp64 and
-are held against the device's fp64 peak.
+are held against the device's fp64 peak. In the int8-activation numerics profile the GEMM
+FLOPs of the linears that run the int8 kernel (the 2 x weights x rows terms above, in the share
+of weight elements :func:`native_int8_share` finds) are integer block dot products, held
+against the device's int8 GEMM peak (:attr:`Hardware.int8_peak`): on a CPU with VNNI it is
+several times the fp32 one, and a floor from the fp32 peak is no floor for them.
 """
 
 from __future__ import annotations
@@ -70,14 +74,19 @@ class Work:
     bytes: float
     fp64_flops: float = 0.0
     """Part of ``flops`` done in fp64 (held against the fp64 peak)."""
+    int8_flops: float = 0.0
+    """Part of ``flops`` done as int8 integer dot products (held against the int8 peak)."""
 
     def __add__(self, other: Work) -> Work:
         return Work(
-            self.flops + other.flops, self.bytes + other.bytes, self.fp64_flops + other.fp64_flops
+            self.flops + other.flops,
+            self.bytes + other.bytes,
+            self.fp64_flops + other.fp64_flops,
+            self.int8_flops + other.int8_flops,
         )
 
     def scaled(self, k: float) -> Work:
-        return Work(self.flops * k, self.bytes * k, self.fp64_flops * k)
+        return Work(self.flops * k, self.bytes * k, self.fp64_flops * k, self.int8_flops * k)
 
 
 ZERO = Work(0.0, 0.0)
@@ -107,6 +116,11 @@ class Dtypes:
     head_weight: float | None = None
     """Bytes per LM-head weight element; None: ``weight`` (a native model's head has its own
     block type, e.g. a Q8_0 tied embedding: 1.0625)."""
+    int8: float = 0.0
+    """Share of the layers' linear weight elements whose GEMM runs the int8 kernel (0 outside
+    the int8 numerics profile)."""
+    head_int8: float = 0.0
+    """The same share for the LM head."""
 
     @property
     def fp64_attention(self) -> bool:
@@ -130,20 +144,28 @@ def layer_work(cfg: ModelConfig, shape: StepShape, dt: Dtypes) -> dict[str, Work
         qkv_b += w * qkv_out
     att_f = 4 * h * hd * rk
     att_b = c * hk * hd * 2 * (k + r) + a * 2 * r * h * hd
+    q8 = dt.int8
     out = {
-        "qkv": Work(qkv_f, qkv_b),
+        "qkv": Work(qkv_f, qkv_b, 0.0, q8 * 2 * r * d * qkv_out),
         "attention": Work(att_f, att_b, att_f if dt.fp64_attention else 0.0),
-        "o_proj": Work(2 * r * h * hd * d, w * h * hd * d + a * r * (h * hd + d)),
+        "o_proj": Work(
+            2 * r * h * hd * d, w * h * hd * d + a * r * (h * hd + d), 0.0, q8 * 2 * r * h * hd * d
+        ),
         "gate_up": Work(
             2 * r * d * 2 * i + NORM_FLOPS * r * d + ACT_FLOPS * r * i,
             w * (2 * i * d + d) + a * r * (d + i),
+            0.0,
+            q8 * 2 * r * d * 2 * i,
         ),
-        "down": Work(2 * r * i * d, w * i * d + a * r * (i + d)),
+        "down": Work(2 * r * i * d, w * i * d + a * r * (i + d), 0.0, q8 * 2 * r * i * d),
     }
     out = {name: wk.scaled(n) for name, wk in out.items()}
     hw = dt.head_weight if dt.head_weight is not None else w
     out["lm_head"] = Work(
-        2 * r * d * v + NORM_FLOPS * r * d, hw * v * d + w * d + a * r * d + LOGIT_BYTES * r * v
+        2 * r * d * v + NORM_FLOPS * r * d,
+        hw * v * d + w * d + a * r * d + LOGIT_BYTES * r * v,
+        0.0,
+        dt.head_int8 * 2 * r * d * v,
     )
     out["recurrent"] = ZERO
     return out
@@ -190,6 +212,24 @@ def native_weight_bytes(model: Any) -> tuple[float, float] | None:
     return layer_b / layer_n, (head_b / head_n if head_n else layer_b / layer_n)
 
 
+def native_int8_share(model: Any) -> tuple[float, float]:
+    """Share of the weight elements (layers' linears, LM head) of a native model whose GEMM runs
+    the int8-activation kernel (modules with ``blocks`` and a true ``int8``); (0, 0) for a
+    model without any."""
+    n_all = [0, 0]
+    n_q8 = [0, 0]
+    for name, mod in model.named_modules():
+        if getattr(mod, "blocks", None) is None or not hasattr(mod, "in_features"):
+            continue
+        n = int(mod.in_features) * int(mod.out_features)
+        i = 1 if name.split(".")[-1] == "lm_head" else 0
+        if i == 0 and ".layers." not in f".{name}.":
+            continue
+        n_all[i] += n
+        n_q8[i] += n if getattr(mod, "int8", False) else 0
+    return tuple(q / a if a else 0.0 for q, a in zip(n_q8, n_all, strict=True))  # type: ignore[return-value]
+
+
 def trained_net(drafter: Any, depth: int = 3) -> Any | None:
     """The trained drafter inside ``drafter`` (itself, or wrapped by union / hybrid / adaptive
     drafters): the object with a ``net`` and a ``forwards`` counter; None without one."""
@@ -227,10 +267,14 @@ def trained_drafter_work(net: object, forwards_per_step: float) -> Work:
         params += head.numel()
         nbytes += head.numel() * size
     native_head = getattr(net, "native", (None, None))[1]
+    q8 = 0
     if native_head is not None:  # a native target's LM-head rows, read in their GGUF blocks
         params += native_head.out_features * native_head.in_features
         nbytes += native_head.blocks.numel()
-    return Work(2.0 * params * forwards_per_step, float(nbytes) * forwards_per_step)
+        if getattr(native_head, "int8", False):  # integer dot products: the int8 peak
+            q8 = native_head.out_features * native_head.in_features
+    k = forwards_per_step
+    return Work(2.0 * params * k, float(nbytes) * k, 0.0, 2.0 * q8 * k)
 
 
 def floor_s(
@@ -240,11 +284,13 @@ def floor_s(
     alpha: float,
     beta: float,
     peak_flops_fp64: float | None = None,
+    peak_ops_int8: float | None = None,
 ) -> float:
-    """Roofline floor in seconds: max(compute time, memory time) at the derated peaks."""
+    """Roofline floor in seconds: max(compute time, memory time) at the derated peaks (fp64 and
+    int8 FLOPs against their own peaks; the model dtype's where those are not given)."""
     f64 = peak_flops_fp64 if peak_flops_fp64 else peak_flops
-    compute = (work.flops - work.fp64_flops) / (alpha * peak_flops) + work.fp64_flops / (
-        alpha * f64
-    )
+    i8 = peak_ops_int8 if peak_ops_int8 else peak_flops
+    rest = work.flops - work.fp64_flops - work.int8_flops
+    compute = (rest / peak_flops + work.fp64_flops / f64 + work.int8_flops / i8) / alpha
     memory = work.bytes / (beta * peak_bw)
     return max(compute, memory)

@@ -276,6 +276,12 @@ class GGUFLinear(nn.Module):
         _changed()
 
     @property
+    def int8(self) -> bool:
+        """True when the GEMM runs the int8-activation kernel (the ``int8`` profile and a weight
+        type it covers)."""
+        return self._profile == "int8" and int8.int8_supports(self.qtype)
+
+    @property
     def weight(self) -> Tensor:
         """The fp32 weight (n, k), dequantized on first access and kept (for drafters that
         share it); the forward never uses it."""
@@ -358,6 +364,12 @@ class GGUFMultiLinear(nn.Module):
         return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)
 
     @property
+    def int8(self) -> bool:
+        """True when the GEMM runs the int8-activation kernel (the ``int8`` profile and a weight
+        type it covers)."""
+        return self._profile == "int8" and int8.int8_supports(self.qtype)
+
+    @property
     def weight(self) -> Tensor:
         """The parts' fp32 weights stacked (see GGUFLinear.weight); the forward never uses it."""
         return torch.cat([p.weight for p in self.parts])
@@ -392,6 +404,12 @@ class GGUFEmbedding(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         rows = self._op(self.blocks, self.qtype, self.num_embeddings, self.embedding_dim, tokens)
         return rows.reshape(*tokens.shape, self.embedding_dim)
+
+    @property
+    def int8(self) -> bool:
+        """True when the GEMM runs the int8-activation kernel (the ``int8`` profile and a weight
+        type it covers)."""
+        return self._profile == "int8" and int8.int8_supports(self.qtype)
 
     @property
     def weight(self) -> Tensor:
