@@ -425,7 +425,7 @@ def draft_rows(head: kernels.GGUFLinear, ids: Tensor) -> kernels.GGUFLinear:
     ids = ids.to(torch.long).cpu()
     if ids.numel() == n and torch.equal(ids, torch.arange(n)):
         return head
-    rows = head.blocks.view(n, -1)[ids].reshape(-1)
+    rows = head.gguf_blocks().view(n, -1)[ids].reshape(-1)
     bias = None if head.bias is None else head.bias[ids]
     sub = kernels.GGUFLinear(rows, head.qtype, ids.numel(), head.in_features, bias,
                              name="draft vocabulary rows")  # fmt: skip

@@ -9,6 +9,7 @@ fp32-activation kernel in this profile), :func:`quantize_rows` gives the Q8 bloc
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -21,6 +22,10 @@ PROFILES = ("fp32", "int8")
 DEFAULT_PROFILE = "fp32"
 INT8_QTYPES = frozenset({2, 3, 6, 8, 12, 14})
 """GGML type ids with an int8-activation kernel: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K."""
+PACKED = 0x100
+"""Flag on a type id whose blocks are in the AVX-512 path's packed layout (:func:`pack`)."""
+PACK_ENV = "SPECPILOT_Q8_PACK"
+"""``0``: never pack (the GGUF order on every path; the same bits either way)."""
 
 
 def register_fakes() -> None:
@@ -33,6 +38,10 @@ def register_fakes() -> None:
     @torch.library.register_fake("specpilot::gguf_matmul_q8_multi")
     def _(x, blocks, qtypes, ns, k, bias=None, isa=0, row_tile=0, col_tile=0):  # type: ignore[no-untyped-def]
         return x.new_empty((x.shape[0], sum(ns)))
+
+    @torch.library.register_fake("specpilot::q8_pack")
+    def _(blocks, qtype, n, k, unpack=False):  # type: ignore[no-untyped-def]
+        return torch.empty_like(blocks)
 
     @torch.library.register_fake("specpilot::q8_quantize")
     def _(x):  # type: ignore[no-untyped-def]
@@ -70,6 +79,23 @@ def q8_multi_op() -> Any:
     """The fused int8 op overload (``specpilot::gguf_matmul_q8_multi``: several linears of one
     x, quantized once; the signature of ``specpilot::gguf_matmul_multi``)."""
     return _ops().gguf_matmul_q8_multi.default
+
+
+def packs(qtype: int, n: int, isa: int) -> bool:
+    """Whether an (n, k) weight of ``qtype`` runs packed with ISA code ``isa``: Q4_0 / Q4_1,
+    n even, the AVX-512 path picked (not AMX), and :data:`PACK_ENV` not ``0``."""
+    if os.environ.get(PACK_ENV) == "0" or n % 2:
+        return False
+    return bool(_ops().q8_packs(int(qtype), int(isa)))
+
+
+def pack(blocks: Tensor, qtype: int, n: int, k: int, unpack: bool = False) -> Tensor:
+    """The (n, k) ``qtype`` (Q4_0 / Q4_1) ``blocks`` reordered into the AVX-512 path's packed
+    layout (per pair of columns and group of 8 blocks, the 4 vectors its schedule decodes, then
+    the group's 16 scales (and mins); the trailing blocks as they were: csrc/gemm_q8.h), or back
+    with ``unpack``: a new tensor of the same size. The GEMM runs either layout to the same
+    bits, the packed one given ``qtype | PACKED``."""
+    return _ops().q8_pack(blocks, int(qtype), int(n), int(k), bool(unpack))
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

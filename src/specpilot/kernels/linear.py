@@ -199,6 +199,9 @@ def schedule_version() -> int:
 class GGUFLinear(nn.Module):
     """``y = x W^T + b`` with W kept as raw GGUF blocks (a uint8 buffer) and run natively."""
 
+    packable = True
+    """False for a linear whose blocks another module reads (a tied LM head: the embedding's)."""
+
     def __init__(
         self,
         blocks: Tensor,
@@ -220,10 +223,13 @@ class GGUFLinear(nn.Module):
             )
         b = None if bias is None else bias.detach().to(torch.float32).contiguous()
         self.register_buffer("bias", b)
-        self.isa = isa_code()
+        self._isa = isa_code()
         # built and loaded now, so forward is one op call (torch.compile traces it)
         self._op = _ops().gguf_matmul.default
         self._profile = int8.DEFAULT_PROFILE
+        self.qcode = self.qtype
+        """The type the op is given: ``qtype``, flagged :data:`int8.PACKED` while the blocks are
+        in the AVX-512 path's packed layout (:attr:`packed`)."""
         self._dense: Tensor | None = None
         self.tiles: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
         """(row tile, column tile) of one-row calls and of multi-row calls; see set_schedule."""
@@ -237,11 +243,43 @@ class GGUFLinear(nn.Module):
         n, k = self.out_features, self.in_features
         if x.dim() == 2 and x.dtype == torch.float32:  # the common case: no reshapes
             rt, ct = self.tiles[x.shape[0] > 1]
-            return self._op(x, self.blocks, self.qtype, n, k, self.bias, self.isa, rt, ct)
+            return self._op(x, self.blocks, self.qcode, n, k, self.bias, self._isa, rt, ct)
         x2 = x.reshape(-1, k).to(torch.float32)
         rt, ct = self.tiles[x2.shape[0] > 1]
-        y = self._op(x2, self.blocks, self.qtype, n, k, self.bias, self.isa, rt, ct)
+        y = self._op(x2, self.blocks, self.qcode, n, k, self.bias, self._isa, rt, ct)
         return y.reshape(*x.shape[:-1], n)
+
+    @property
+    def isa(self) -> int:
+        """The op's ISA code (:func:`isa_code`); setting it re-applies the numerics profile (the
+        packed layout runs on the AVX-512 path only)."""
+        return self._isa
+
+    @isa.setter
+    def isa(self, code: int) -> None:
+        self._isa = int(code)
+        self.profile = self._profile
+
+    @property
+    def packed(self) -> bool:
+        """Whether the blocks are in the AVX-512 path's packed layout: Q4_0 / Q4_1 weights in
+        the int8 profile where that path runs (the same bytes reordered, so the transposition
+        and scale gather of its schedule are done once; :func:`int8.pack`). ``$SPECPILOT_Q8_PACK``
+        ``0`` keeps the GGUF order. Either layout gives the same bits."""
+        return self.qcode != self.qtype
+
+    def _set_packed(self, on: bool) -> None:
+        if on == self.packed:
+            return
+        n, k = self.out_features, self.in_features
+        self.blocks.copy_(int8.pack(self.blocks, self.qtype, n, k, unpack=not on))
+        self.qcode = self.qtype | int8.PACKED if on else self.qtype
+
+    def gguf_blocks(self) -> Tensor:
+        """The blocks in GGUF order (a copy while :attr:`packed`, else the buffer itself)."""
+        if not self.packed:
+            return self.blocks
+        return int8.pack(self.blocks, self.qtype, self.out_features, self.in_features, True)
 
     def set_schedule(
         self, single: tuple[int, int] = (0, 0), multi: tuple[int, int] = (0, 0)
@@ -271,6 +309,8 @@ class GGUFLinear(nn.Module):
     def profile(self, name: str) -> None:
         int8.check_profile(name)
         use_q8 = name == "int8" and int8.int8_supports(self.qtype)
+        pack = use_q8 and self.packable and self.in_features % 32 == 0
+        self._set_packed(pack and int8.packs(self.qtype, self.out_features, self._isa))
         self._op = int8.q8_op() if use_q8 else _ops().gguf_matmul.default
         self._profile = name
         _changed()
@@ -288,7 +328,7 @@ class GGUFLinear(nn.Module):
         if self._dense is None:
             rows = torch.arange(self.out_features)
             self._dense = dequantize_rows(
-                self.blocks, self.qtype, self.out_features, self.in_features, rows
+                self.gguf_blocks(), self.qtype, self.out_features, self.in_features, rows
             )
         return self._dense
 
@@ -360,7 +400,8 @@ class GGUFMultiLinear(nn.Module):
         x2 = x if x.dim() == 2 and x.dtype == torch.float32 else x.reshape(-1, k).float()
         rt, ct = head.tiles[x2.shape[0] > 1]
         blocks = [p.blocks for p in parts]
-        y = op(x2, blocks, self._qtypes, self._ns, k, self.bias, head.isa, rt, ct)
+        qcodes = [p.qcode for p in parts]  # type: ignore[union-attr]
+        y = op(x2, blocks, qcodes, self._ns, k, self.bias, head.isa, rt, ct)
         return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)
 
     @property

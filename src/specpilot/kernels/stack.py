@@ -79,7 +79,7 @@ class _Lists:
         self.ints += [len(parts), head.in_features, self.tensor(bias), head.isa, rt1, ct1, rtm, ctm]
         for p in parts:
             q8 = p.profile == "int8" and int8.int8_supports(p.qtype)
-            self.ints += [self.tensor(p.blocks), p.qtype, p.out_features, int(q8)]
+            self.ints += [self.tensor(p.blocks), p.qcode, p.out_features, int(q8)]
             self.ints.append(self.tensor(p.bias) if len(parts) > 1 else -1)
         return True
 

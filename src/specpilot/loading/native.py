@@ -101,6 +101,8 @@ def choose_weights(
 class TiedHead(kernels.GGUFLinear):
     """The LM head of a tied model: the embedding's blocks, and its fp32 copy when asked."""
 
+    packable = False  # the embedding reads the same blocks in GGUF order
+
     @property
     def weight(self) -> Tensor:
         return self.tied[0].weight

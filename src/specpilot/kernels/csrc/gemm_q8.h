@@ -57,7 +57,23 @@ struct Q8GemmArgs {
   const uint8_t* w_end = nullptr;
 };
 
+// A weight tensor in the AVX-512 path's packed layout (sp_q8_pack) passes its type as
+// qt | kQ8Packed. Q4_0 and Q4_1 only; the same bytes, reordered: per pair of columns (2P,
+// 2P + 1), each full group of 8 blocks as the 4 vectors of 64 bytes the blocks-across-lanes
+// schedule decodes (byte 64 w + 16 L + 4 i + b is byte 4 w + b of the nibbles of block 8g + i
+// + 4 (L & 1) of column 2P + (L >> 1)), then the 16 fp16 scales d (column 2P's blocks 0-7, then
+// column 2P + 1's), for Q4_1 the 16 mins m the same way; after the full groups the trailing
+// blocks (k / 32 % 8 of them) of column 2P, then of 2P + 1, as they were. n must be even.
+constexpr int kQ8Packed = 0x100;
+
+inline bool q8_packed(int qt) { return (qt & kQ8Packed) != 0; }
+
+inline int q8_base_type(int qt) { return qt & ~kQ8Packed; }
+
+inline bool q8_packable(int qt) { return qt == Q4_0 || qt == Q4_1; }
+
 inline bool q8_supported(int qt) {
+  if (q8_packed(qt)) return q8_packable(q8_base_type(qt));
   return qt == Q4_0 || qt == Q4_1 || qt == Q5_0 || qt == Q8_0 || qt == Q4_K || qt == Q6_K;
 }
 
@@ -151,6 +167,9 @@ void sp_q8_quantize_avx2(const float* x, int64_t m, int64_t k, int8_t* q, float*
 // group g, the 32 bytes of step t hold, at 4 * j, elements 4t..4t+3 of block 8g + j (zero past
 // the last block).
 void sp_q8_interleave(const int8_t* q, int64_t m, int64_t k, int8_t* qt);
+// n rows of k-wide Q4_0 / Q4_1 blocks (qt, unflagged) into the packed layout above (unpack:
+// back); src and dst do not overlap and hold n * row_bytes each; n even.
+void sp_q8_pack(const uint8_t* src, int qt, int64_t n, int64_t k, uint8_t* dst, bool unpack);
 // Portable int8-activation GEMM: columns [n0, n1), the profile's reference order.
 void sp_gemm_q8_scalar(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1);
 // AVX2 int8-activation GEMM: columns [n0, n1), row tile <= row_tile, column tile col_tile.

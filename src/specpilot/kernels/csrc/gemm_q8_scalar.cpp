@@ -112,3 +112,35 @@ extern "C" void sp_q8_interleave(const int8_t* q, int64_t m, int64_t k, int8_t* 
     }
   }
 }
+
+extern "C" void sp_q8_pack(const uint8_t* src, int qt, int64_t n, int64_t k, uint8_t* dst,
+                           bool unpack) {
+  const int bb = sp::block_bytes(qt), off = qt == sp::Q4_1 ? 4 : 2;  // nibbles after d (, m)
+  const int64_t nb = k / 32, ng = nb / 8, tail = nb % 8, rb = nb * bb;
+  const int64_t group = 16 * static_cast<int64_t>(bb);  // bytes of one pair's packed group
+  // P: the packed bytes, B: the blocks; one is read (src), the other written (dst)
+  uint8_t* P = unpack ? const_cast<uint8_t*>(src) : dst;
+  uint8_t* B = unpack ? dst : const_cast<uint8_t*>(src);
+  const auto move = [unpack](uint8_t* packed, uint8_t* block, size_t len) {
+    if (unpack) std::memcpy(block, packed, len);
+    else std::memcpy(packed, block, len);
+  };
+  for (int64_t p = 0; p < n / 2; ++p) {
+    uint8_t* pk = P + 2 * p * rb;
+    for (int c = 0; c < 2; ++c) {
+      uint8_t* col = B + (2 * p + c) * rb;
+      for (int64_t g = 0; g < ng; ++g) {
+        uint8_t* o = pk + g * group;
+        for (int j = 0; j < 8; ++j) {
+          uint8_t* blk = col + (8 * g + j) * bb;
+          const int L = 2 * c + j / 4, i = j % 4;
+          for (int w = 0; w < 4; ++w) move(o + 64 * w + 16 * L + 4 * i, blk + off + 4 * w, 4);
+          for (int h = 0; h < off / 2; ++h) {  // d, then (Q4_1) m
+            move(o + 256 + 32 * h + 2 * (8 * c + j), blk + 2 * h, 2);
+          }
+        }
+      }
+      move(pk + ng * group + c * tail * bb, col + ng * 8 * bb, static_cast<size_t>(tail * bb));
+    }
+  }
+}

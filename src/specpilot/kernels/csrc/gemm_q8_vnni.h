@@ -81,7 +81,9 @@ constexpr int toffset_log2() {
 // One group (blocks g..g + cnt - 1, cnt <= 8) of NP column pairs (group bases base[2p], base[2p
 // + 1]) for RB rows: acc[p * RB + r] half h lane j += the contract's terms of block g + j of
 // column 2p + h (lanes past cnt unchanged).
-template <class W, int RB, int NP>
+// kPk: base[2p] is the pair's packed group (sp_q8_pack): its vectors and scales are loaded as
+// they are, the transposition and the scale gather were done once, at packing.
+template <class W, int RB, int NP, bool kPk = false>
 inline void tgroup(const sp::Q8GemmArgs& a, const uint8_t* const* base, int64_t r0, int64_t g,
                    int cnt, __m512* acc) {
   const int64_t nb = a.x.k / 32, xs = (nb + 7) / 8 * 256;
@@ -105,7 +107,14 @@ inline void tgroup(const sp::Q8GemmArgs& a, const uint8_t* const* base, int64_t 
   }
   for (int p = 0; p < NP; ++p) {
     __m512i z[8];
-    if constexpr (kNibbles<W>) {
+    if constexpr (kPk) {
+      const __m512i low = _mm512_set1_epi8(0x0f);
+      for (int w = 0; w < 4; ++w) {
+        const __m512i r = _mm512_loadu_si512(base[2 * p] + 64 * w);
+        z[w] = _mm512_and_si512(r, low);
+        z[w + 4] = _mm512_and_si512(_mm512_srli_epi32(r, 4), low);
+      }
+    } else if constexpr (kNibbles<W>) {
       nibble_steps<W>(base[2 * p], base[2 * p + 1], z);
     } else {
       for (int j = 0; j < 8; ++j) {
@@ -132,15 +141,23 @@ inline void tgroup(const sp::Q8GemmArgs& a, const uint8_t* const* base, int64_t 
         else lo[r] = _mm512_dpbusd_epi32(lo[r], z[t], xv);
       }
     }
-    const Scales s0 = W::template scales<8>(base[2 * p]);
-    const Scales s1 = W::template scales<8>(base[2 * p + 1]);
-    const __m512 sa = pair512(s0.a, s1.a);
-    __m512 sb = _mm512_setzero_ps();
-    if constexpr (W::kMin) sb = pair512(s0.b, s1.b);
+    __m512 sa, sb = _mm512_setzero_ps();
     __m512i se = _mm512_setzero_si512(), so = se;
-    if constexpr (W::kQ6) {
-      se = pair512(s0.se, s1.se);
-      so = pair512(s0.so, s1.so);
+    if constexpr (kPk) {
+      const auto ld16 = [](const uint8_t* q) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+      };
+      sa = ld16(base[2 * p] + 256);
+      if constexpr (W::kMin) sb = ld16(base[2 * p] + 288);
+    } else {
+      const Scales s0 = W::template scales<8>(base[2 * p]);
+      const Scales s1 = W::template scales<8>(base[2 * p + 1]);
+      sa = pair512(s0.a, s1.a);
+      if constexpr (W::kMin) sb = pair512(s0.b, s1.b);
+      if constexpr (W::kQ6) {
+        se = pair512(s0.se, s1.se);
+        so = pair512(s0.so, s1.so);
+      }
     }
     for (int r = 0; r < RB; ++r) {
       __m512i isum = lo[r];
@@ -218,25 +235,81 @@ void tcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
   }
 }
 
-template <class W, int RB = 1>
-void tcolumns_rows(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0, int rb) {
-  if constexpr (RB < kTileRows) {
-    if (rb > RB) return tcolumns_rows<W, RB + 1>(a, c0, c1, r0, rb);
+// Packed weights (sp_q8_pack; Q4_0 and Q4_1): columns [c0, c1) for rows [r0, r0 + RB), NP
+// column pairs at a time (pairs start at even columns; a column outside [c0, c1) is computed
+// and not stored). Full groups by tgroup on the packed vectors, the trailing blocks (kept as
+// blocks) by the AVX2 path's group() on each column's half of the accumulator: lane j of both
+// is block 8g + j, so the terms are the same, in the same order.
+template <class W, int RB>
+void pcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
+  constexpr int NP = RB <= 2 ? 2 : 1;
+  const int64_t nb = a.x.k / 32, ng = nb / 8, cnt = nb % 8;
+  const int64_t group = 16 * static_cast<int64_t>(W::kBytes), pair = 2 * a.row_bytes;
+  const int64_t last = (c1 - 1) / 2;
+  for (int64_t c = c0 & ~int64_t{1}; c < c1; c += 2 * NP) {
+    const uint8_t* pk[NP];
+    int64_t pi[NP];
+    for (int p = 0; p < NP; ++p) {
+      pi[p] = c / 2 + p <= last ? c / 2 + p : last;
+      pk[p] = a.w + pi[p] * pair;
+      if (2 * (pi[p] + 4) < a.n) {  // the pair 8 columns ahead, streamed once at m = 1
+        const char* ahead = reinterpret_cast<const char*>(pk[p] + 4 * pair);
+        for (int64_t o = 0; o < pair; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+      }
+    }
+    __m512 acc[NP * RB];
+    for (int t = 0; t < NP * RB; ++t) acc[t] = _mm512_setzero_ps();
+    const uint8_t* base[2 * NP];
+    for (int64_t g = 0; g < ng; ++g) {
+      for (int p = 0; p < NP; ++p) base[2 * p] = base[2 * p + 1] = pk[p] + g * group;
+      tgroup<W, RB, NP, true>(a, base, r0, 8 * g, 8, acc);
+    }
+    for (int p = 0; p < NP; ++p) {
+      for (int h = 0; h < 2; ++h) {
+        const int64_t col = 2 * pi[p] + h;
+        __m256 half[RB];
+        for (int r = 0; r < RB; ++r) {
+          half[r] = h == 0 ? _mm512_castps512_ps256(acc[p * RB + r])
+                           : _mm512_extractf32x8_ps(acc[p * RB + r], 1);
+        }
+        if (cnt > 0) {  // group() reads block g at row + g * kBytes: the column's own tail
+          const uint8_t* row = pk[p] + ng * group + h * cnt * W::kBytes - 8 * ng * W::kBytes;
+          tail<W, RB, 1>(a, &row, r0, 8 * ng, static_cast<int>(cnt), half);
+        }
+        if (col < c0 || col >= c1 || (p > 0 && pi[p] == pi[p - 1])) continue;
+        for (int r = 0; r < RB; ++r) {
+          float y = reduce8(half[r]);
+          if (a.bias != nullptr) y = y + a.bias[col];
+          a.y[(r0 + r) * a.n + col] = y;
+        }
+      }
+    }
   }
-  tcolumns<W, RB>(a, c0, c1, r0);
 }
 
-// Column tiles of col_tile columns, row tiles of up to row_tile (<= kTileRows) rows within each.
-template <class W>
+// Row tiles of rb (<= kTileRows) rows: the schedule's instance for rb.
+template <class W, bool kPk, int RB = 1>
+void tile_rows(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0, int rb) {
+  if constexpr (RB < kTileRows) {
+    if (rb > RB) return tile_rows<W, kPk, RB + 1>(a, c0, c1, r0, rb);
+  }
+  if constexpr (kPk) pcolumns<W, RB>(a, c0, c1, r0);
+  else tcolumns<W, RB>(a, c0, c1, r0);
+}
+
+// Column tiles of col_tile columns, row tiles of up to row_tile (<= kTileRows) rows within each
+// (kPk, packed weights: tiles of an even number of columns from an even column).
+template <class W, bool kPk = false>
 void run_transposed(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1, int row_tile,
                     int col_tile) {
-  const int64_t ct = col_tile > 0 ? col_tile : 1;
+  int64_t ct = col_tile > 0 ? col_tile : 1;
+  if constexpr (kPk) ct = (ct + 1) / 2 * 2;
   const int most = row_tile < 1 ? 1 : row_tile > kTileRows ? kTileRows : row_tile;
-  for (int64_t c = n0; c < n1; c += ct) {
-    const int64_t c1 = c + ct < n1 ? c + ct : n1;
+  for (int64_t c = kPk ? n0 & ~int64_t{1} : n0; c < n1; c += ct) {
+    const int64_t lo = c > n0 ? c : n0, hi = c + ct < n1 ? c + ct : n1;
     for (int64_t r0 = 0; r0 < a.x.m;) {
       const int rb = a.x.m - r0 < most ? static_cast<int>(a.x.m - r0) : most;
-      tcolumns_rows<W>(a, c, c1, r0, rb);
+      tile_rows<W, kPk>(a, lo, hi, r0, rb);
       r0 += rb;
     }
   }

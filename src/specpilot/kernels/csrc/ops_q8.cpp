@@ -31,14 +31,27 @@ void quantize(bool avx2, const float* x, int64_t m, int64_t k, int8_t* q, float*
 
 // The path that runs m rows of qt's k-wide weights: the AMX path leaves the calls its schedule
 // does not repay (sp::q8_amx_runs) to the AVX-512 path (the same bits).
+// Packed weights (sp::kQ8Packed) run the AVX-512 path only.
 int q8_path(int path, int qt, int64_t m, int64_t k) {
+  if (sp::q8_packed(qt)) {
+    TORCH_CHECK(path >= 3, "specpilot: packed int8 weights run on the AVX-512 path only; unpack "
+                           "them (set the linear's numerics profile again) for another path");
+    return 3;
+  }
   return path == 4 && !sp::q8_amx_runs(qt, m, k) ? 3 : path;
+}
+
+// Bytes of one k-wide weight row of type qt (packed or not: the same bytes).
+int64_t q8_row_bytes(int qt, int64_t k) {
+  const int base = sp::q8_base_type(qt);
+  return k / sp::block_elems(base) * sp::block_bytes(base);
 }
 
 // Whether the kernel of path (q8_path) runs qt's weights as unsigned integers w + o, taking
 // o * sum(q) off each block's dot product: the AVX2 path's Q4_0 and Q5_0, the AVX-512 path's
 // Q8_0 too.
 bool needs_sums(int path, int qt) {
+  qt = sp::q8_base_type(qt);
   return (path >= 2 && path <= 3 && (qt == sp::Q4_0 || qt == sp::Q5_0)) ||
          (path == 3 && qt == sp::Q8_0);
 }
@@ -47,6 +60,7 @@ bool needs_sums(int path, int qt) {
 // from sp::kQ8InterleaveRows rows (it reads the interleaved activations): every type on the
 // AVX-512 path, Q4_0 and Q4_1 on the AVX2 path (the AMX schedule reads the rows as they are).
 bool reads_interleaved(int path, int qt) {
+  qt = sp::q8_base_type(qt);
   return path == 3 || (path == 2 && (qt == sp::Q4_0 || qt == sp::Q4_1));
 }
 
@@ -69,18 +83,18 @@ void run_q8(const sp::Q8GemmArgs& a, int path, int64_t n0, int64_t n1, int rt, i
 
 // The Q8 blocks of x (m, k) for the kernel of path: uninitialized scratch, every element
 // written by the quantization; with sums, the integer block sums; with interleaved, from
-// sp::kQ8InterleaveRows rows, the interleaved copy of q the lanes schedules read
-// (sp_q8_interleave).
+// sp::kQ8InterleaveRows rows (from `from` rows where given: packed weights read it at any m),
+// the interleaved copy of q the lanes schedules read (sp_q8_interleave).
 class Activations {
  public:
-  Activations(const at::Tensor& x, int path, bool sums, bool interleaved)
+  Activations(const at::Tensor& x, int path, bool sums, bool interleaved, int64_t from = 0)
       : m_(x.size(0)), k_(x.size(1)), nb_(k_ / 32),
         q_(new int8_t[static_cast<size_t>(m_ * k_)]),
         ds_(new float[static_cast<size_t>(2 * m_ * nb_)]),
         qsum_(sums ? new int32_t[static_cast<size_t>(m_ * nb_)] : nullptr) {
     quantize(path >= 2, x.data_ptr<float>(), m_, k_, q_.get(), ds_.get(), ds_.get() + m_ * nb_,
              qsum_.get());
-    if (interleaved && m_ >= sp::kQ8InterleaveRows) {
+    if (interleaved && m_ >= (from > 0 ? from : sp::kQ8InterleaveRows)) {
       qt_.reset(new int8_t[static_cast<size_t>(m_ * ((nb_ + 7) / 8) * 256)]);
       sp_q8_interleave(q_.get(), m_, k_, qt_.get());
     }
@@ -131,7 +145,8 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   const at::Tensor x = x_in.contiguous();
   check_x(x, k);
   TORCH_CHECK(n > 0, "specpilot: n must be positive");
-  const int64_t rb = k / sp::block_elems(qt) * sp::block_bytes(qt);
+  const int64_t rb = q8_row_bytes(qt, k);
+  TORCH_CHECK(!sp::q8_packed(qt) || n % 2 == 0, "specpilot: packed weights need an even n");
   TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte &&
                   blocks.is_contiguous() && blocks.numel() == n * rb,
               "specpilot: blocks must be a contiguous CPU uint8 tensor of ", n * rb, " bytes");
@@ -145,7 +160,8 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   }
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
-  const Activations act(x, path, needs_sums(path, qt), reads_interleaved(path, qt));
+  const Activations act(x, path, needs_sums(path, qt), reads_interleaved(path, qt),
+                        sp::q8_packed(qt) ? 1 : 0);
   const sp::Q8GemmArgs a{qt,
                          act.rows(),
                          blocks.data_ptr<uint8_t>(),
@@ -180,7 +196,7 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
   const at::Tensor x = x_in.contiguous();
   check_x(x, k);
   int64_t total = 0;
-  bool sums = false, interleaved = false;
+  bool sums = false, interleaved = false, packed = false;
   const int64_t m = x.size(0);
   const int isa_path = sp::pick_isa(isa);
   std::vector<int> paths;
@@ -188,7 +204,8 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
     const int qt = static_cast<int>(qtypes[p]);
     TORCH_CHECK(sp::q8_supported(qt), "specpilot: GGUF type ", qt, " has no int8 kernel");
     TORCH_CHECK(ns[p] > 0, "specpilot: n must be positive");
-    const int64_t rb = k / sp::block_elems(qt) * sp::block_bytes(qt);
+    const int64_t rb = q8_row_bytes(qt, k);
+    TORCH_CHECK(!sp::q8_packed(qt) || ns[p] % 2 == 0, "specpilot: packed weights need an even n");
     TORCH_CHECK(blocks[p].device().is_cpu() && blocks[p].scalar_type() == at::kByte &&
                     blocks[p].is_contiguous() && blocks[p].numel() == ns[p] * rb,
                 "specpilot: blocks must be a contiguous CPU uint8 tensor of ", ns[p] * rb,
@@ -196,6 +213,7 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
     paths.push_back(q8_path(isa_path, qt, m, k));
     sums = sums || needs_sums(paths.back(), qt);
     interleaved = interleaved || reads_interleaved(paths.back(), qt);
+    packed = packed || sp::q8_packed(qt);
     total += ns[p];
   }
   const float* bp = nullptr;
@@ -207,14 +225,14 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
   }
   at::Tensor y = at::empty({m, total}, x.options());
   if (m == 0) return y;
-  const Activations act(x, isa_path, sums, interleaved);
+  const Activations act(x, isa_path, sums, interleaved, packed ? 1 : 0);
   const sp::Q8Rows rows = act.rows();
   std::vector<sp::Q8GemmArgs> args;
   std::vector<int64_t> off(parts + 1, 0);
   for (size_t p = 0; p < parts; ++p) {
     const int qt = static_cast<int>(qtypes[p]);
     args.push_back(sp::Q8GemmArgs{qt, rows, blocks[p].data_ptr<uint8_t>(),
-                                  k / sp::block_elems(qt) * sp::block_bytes(qt),
+                                  q8_row_bytes(qt, k),
                                   bp == nullptr ? nullptr : bp + off[p],
                                   y.data_ptr<float>() + off[p], total,
                                   blocks[p].data_ptr<uint8_t>() + blocks[p].numel()});
@@ -232,9 +250,33 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
   return y;
 }
 
+// The blocks of n rows of k-wide Q4_0 / Q4_1 weights in the packed layout of the AVX-512 path
+// (gemm_q8.h), or back (unpack): a new tensor of the same size.
+at::Tensor q8_pack(const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k, bool unpack) {
+  const int qt = static_cast<int>(qtype);
+  TORCH_CHECK(sp::q8_packable(qt), "specpilot: only Q4_0 and Q4_1 weights pack");
+  TORCH_CHECK(n > 0 && n % 2 == 0 && k > 0 && k % 32 == 0,
+              "specpilot: packing needs an even n and k a multiple of 32");
+  TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte &&
+                  blocks.is_contiguous() && blocks.numel() == n * q8_row_bytes(qt, k),
+              "specpilot: blocks must be a contiguous CPU uint8 tensor of ",
+              n * q8_row_bytes(qt, k), " bytes");
+  at::Tensor out = at::empty_like(blocks);
+  sp_q8_pack(blocks.data_ptr<uint8_t>(), qt, n, k, out.data_ptr<uint8_t>(), unpack);
+  return out;
+}
+
+// Whether weights of type qtype pack for calls with this isa code: Q4_0 / Q4_1 where the
+// picked path is AVX-512 (not AMX, whose schedule reads the blocks as they are).
+int64_t q8_packs(int64_t qtype, int64_t isa) {
+  return sp::q8_packable(static_cast<int>(qtype)) && sp::pick_isa(isa) == 3 ? 1 : 0;
+}
+
 }  // namespace sp_ops
 
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
+  m.def("q8_pack(Tensor blocks, int qtype, int n, int k, bool unpack=False) -> Tensor");
+  m.def("q8_packs(int qtype, int isa) -> int", &sp_ops::q8_packs);
   m.def("q8_quantize(Tensor x) -> (Tensor, Tensor, Tensor)");
   m.def(
       "gguf_matmul_q8(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, "
@@ -248,4 +290,5 @@ TORCH_LIBRARY_IMPL(specpilot, CPU, m) {
   m.impl("q8_quantize", &q8_quantize);
   m.impl("gguf_matmul_q8", &sp_ops::gguf_matmul_q8);
   m.impl("gguf_matmul_q8_multi", &sp_ops::gguf_matmul_q8_multi);
+  m.impl("q8_pack", &sp_ops::q8_pack);
 }

@@ -1,0 +1,153 @@
+"""The AVX-512 path's packed Q4_0 / Q4_1 layout: the same bytes reordered, the same bits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specpilot import kernels
+from specpilot.kernels import int8
+from specpilot.kernels.linear import isa_code
+
+from .test_kernels import ISAS, as_tensor, qt, random_weight
+
+pytestmark = pytest.mark.skipif(
+    not kernels.available(), reason=kernels.unavailable_reason() or "kernels unavailable"
+)
+AVX512 = "avx512" in ISAS
+needs_avx512 = pytest.mark.skipif(not AVX512, reason="no AVX-512 VNNI here")
+PACKABLE = ("Q4_0", "Q4_1")
+# k = 32 (a tail only), 256 (one group, no tail), 576 (SmolLM2: 2 groups + 2), 1536, 800 (3 + 1)
+SHAPES = [(2, 32), (6, 256), (10, 576), (4, 1536), (34, 800)]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+def op(x, blocks, code, n, k, bias=None, isa="auto", rt=0, ct=0):  # type: ignore[no-untyped-def]
+    return torch.ops.specpilot.gguf_matmul_q8(x, blocks, code, n, k, bias, isa_code(isa), rt, ct)
+
+
+@pytest.mark.parametrize("name", PACKABLE)
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_pack_moves_every_byte_and_unpack_restores_them(name: str, n: int, k: int) -> None:
+    raw = as_tensor(random_weight(name, n, k, seed=n + k))
+    packed = int8.pack(raw, qt(name), n, k)
+    assert packed.shape == raw.shape
+    assert not torch.equal(packed, raw) or k == 32  # k = 32: a tail only, kept as it was
+    assert torch.equal(torch.sort(packed).values, torch.sort(raw).values)  # a permutation
+    assert torch.equal(int8.pack(packed, qt(name), n, k, unpack=True), raw)
+
+
+def test_pack_layout_of_one_group_by_hand() -> None:
+    """Byte 64 w + 16 L + 4 i + b of a pair's group is nibble byte 4 w + b of block i + 4 (L & 1)
+    of column L >> 1; then the 16 scales d, then (Q4_1) the 16 mins."""
+    n, k = 2, 256
+    raw = as_tensor(random_weight("Q4_1", n, k, seed=3)).view(n, 8, 20)
+    packed = int8.pack(raw.reshape(-1), qt("Q4_1"), n, k)
+    for w, L, i, b in [(0, 0, 0, 0), (3, 1, 2, 3), (2, 2, 1, 0), (1, 3, 3, 2)]:
+        col, blk = L >> 1, i + 4 * (L & 1)
+        assert packed[64 * w + 16 * L + 4 * i + b] == raw[col, blk, 4 + 4 * w + b]
+    for col in range(2):
+        for j in range(8):
+            at = 2 * (8 * col + j)
+            assert torch.equal(packed[256 + at : 258 + at], raw[col, j, 0:2])  # d
+            assert torch.equal(packed[288 + at : 290 + at], raw[col, j, 2:4])  # m
+
+
+@needs_avx512
+@pytest.mark.parametrize("name", PACKABLE)
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_packed_gemm_gives_the_same_bits_for_every_count_thread_and_tile(
+    name: str, n: int, k: int
+) -> None:
+    raw = as_tensor(random_weight(name, n, k, seed=n * k))
+    packed = int8.pack(raw, qt(name), n, k)
+    code = qt(name) | int8.PACKED
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    threads = torch.get_num_threads()
+    try:
+        for m in (1, 2, 3, 5, 8, 17, 33):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
+            want = op(x, raw, qt(name), n, k, bias, isa="portable")
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                for rt, ct in [(0, 0), (1, 1), (2, 3), (3, 2), (16, 8)]:
+                    got = op(x, packed, code, n, k, bias, "avx512", rt, ct)
+                    assert torch.equal(bits(got), bits(want)), (m, t, rt, ct)
+            assert torch.equal(bits(op(x, packed, code, n, k)), bits(op(x, raw, qt(name), n, k)))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_avx512
+def test_fused_call_runs_packed_and_plain_parts_together() -> None:
+    k = 576
+    parts = [(qt("Q4_1"), 8), (qt("Q8_0"), 6), (qt("Q4_0"), 4)]
+    raws = [as_tensor(random_weight(n_, n, k, seed=n)) for n_, n in [("Q4_1", 8), ("Q8_0", 6),
+                                                                     ("Q4_0", 4)]]  # fmt: skip
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(5))
+    fused = torch.ops.specpilot.gguf_matmul_q8_multi
+    want = fused(x, raws, [t for t, _ in parts], [n for _, n in parts], k, None, 0, 0, 0)
+    blocks = [int8.pack(raws[0], parts[0][0], 8, k), raws[1], int8.pack(raws[2], parts[2][0], 4, k)]
+    codes = [parts[0][0] | int8.PACKED, parts[1][0], parts[2][0] | int8.PACKED]
+    got = fused(x, blocks, codes, [n for _, n in parts], k, None, 0, 0, 0)
+    assert torch.equal(bits(got), bits(want))
+
+
+@needs_avx512
+def test_linear_packs_in_the_int8_profile_and_unpacks_for_any_other_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    n, k = 8, 576
+    raw = as_tensor(random_weight("Q4_1", n, k, seed=11))
+    lin = kernels.GGUFLinear(raw.clone(), qt("Q4_1"), n, k)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(2))
+    w32 = lin.weight.clone()
+    lin._dense = None  # the fp32 copy is made again below, from the packed blocks
+    lin.profile = "int8"
+    assert lin.packed and lin.qcode == qt("Q4_1") | int8.PACKED and lin.int8
+    assert not torch.equal(lin.blocks, raw) and torch.equal(lin.gguf_blocks(), raw)
+    assert torch.equal(bits(lin(x)), bits(op(x, raw, qt("Q4_1"), n, k)))
+    assert torch.equal(lin.weight, w32)
+    lin.isa = isa_code("avx2")  # another path reads the blocks as GGUF has them
+    assert not lin.packed and torch.equal(lin.blocks, raw)
+    lin.isa = isa_code("auto")
+    assert lin.packed
+    lin.profile = "fp32"
+    assert not lin.packed and torch.equal(lin.blocks, raw)
+    monkeypatch.setenv(int8.PACK_ENV, "0")
+    lin.profile = "int8"
+    assert not lin.packed
+    monkeypatch.delenv(int8.PACK_ENV)
+    odd = kernels.GGUFLinear(as_tensor(random_weight("Q4_1", 7, k, seed=1)), qt("Q4_1"), 7, k)
+    odd.profile = "int8"
+    q8 = kernels.GGUFLinear(as_tensor(random_weight("Q8_0", n, k, seed=1)), qt("Q8_0"), n, k)
+    q8.profile = "int8"
+    assert not odd.packed and not q8.packed  # an odd n, a type without the layout
+
+
+@needs_avx512
+def test_a_tied_head_never_packs_the_embeddings_blocks() -> None:
+    from specpilot.loading.native import TiedHead
+
+    n, k = 8, 64
+    raw = as_tensor(random_weight("Q4_0", n, k, seed=4))
+    emb = kernels.GGUFEmbedding(raw, qt("Q4_0"), n, k)
+    head = TiedHead(emb.blocks, qt("Q4_0"), n, k)
+    head.tie(emb)
+    head.profile = "int8"
+    assert head.int8 and not head.packed and torch.equal(emb.blocks, raw)
+
+
+def test_packed_weights_off_the_avx512_path_are_a_clear_error() -> None:
+    n, k = 4, 64
+    raw = as_tensor(random_weight("Q4_1", n, k, seed=6))
+    packed = int8.pack(raw, qt("Q4_1"), n, k)
+    with pytest.raises(RuntimeError, match="AVX-512 path only"):
+        op(torch.randn(1, k), packed, qt("Q4_1") | int8.PACKED, n, k, isa="portable")
+    with pytest.raises(RuntimeError, match="only Q4_0 and Q4_1 weights pack"):
+        int8.pack(as_tensor(random_weight("Q8_0", n, k, seed=6)), qt("Q8_0"), n, k)
+    with pytest.raises(RuntimeError, match="even n"):
+        int8.pack(raw[: raw.numel() * 3 // 4], qt("Q4_1"), 3, k)
