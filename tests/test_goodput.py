@@ -269,7 +269,8 @@ def test_a_tiered_drafter_runs_its_dear_part_every_step_only_while_it_pays() -> 
 
 def test_a_cheap_part_that_is_not_cheap_drafts_alone_only_while_its_trees_pay() -> None:
     """A cheap part costing a tenth of a step (past ``cheap_draft``) keeps drafting alone while
-    its choices buy their drafting, and stops once they do not (plain decoding then)."""
+    its choices buy their drafting, and stops once they do not (plain decoding then), probing
+    with a backoff until they pay again."""
     curve = CostCurve([1, 2, 4, 8], [0.010, 0.011, 0.013, 0.017])
     sel = Selector(curve)
     sel.note_draft(0.001, cheap=True)
@@ -283,8 +284,16 @@ def test_a_cheap_part_that_is_not_cheap_drafts_alone_only_while_its_trees_pay() 
     for _ in range(10):
         sel.select([sure], drafted=0, cheap=1)
     assert sel.cheap_edge < 0 and not sel.cheap_tier()
+    # sitting out, it probes with the full drafter's backoff: steps 8, 24, 56, ...
+    asked = [i for i in range(1, 60) if sel.cheap_tier()]
+    assert asked == [7, 23, 55] and sel.cheap_gap == 64
+    sel.stats = type(sel.stats)()  # the copies match again: a probe's trees pay
+    for _ in range(3):
+        sel.select([sure], drafted=0, cheap=1)
+    assert sel.cheap_edge > 0 and sel.cheap_gap == 0 and sel.cheap_tier()
+    sel.cheap_edge, sel.cheap_gap = -1.0, 32
     sel.begin_sequence()
-    assert sel.cheap_tier()  # a new prompt may copy again
+    assert sel.cheap_tier() and sel.cheap_gap == 0  # a new prompt may copy again
 
 
 class WrongDrafter:

@@ -284,7 +284,8 @@ class BatchEngine:
         if sel is not None:
             sel.token_value = 1.0 if self.waiting is None or self.waiting else sel.idle_value(b)
         full = sel is None or sel.should_draft(b)
-        cheap = sel is not None and sel.cheap_tier(b)  # cheap parts draft where full ones do not
+        # cheap parts draft where full ones do not (asked only then: it counts their probes)
+        cheap = sel is not None and (not full or sel.probing) and sel.cheap_tier(b)
         if sel is not None and not full:
             sel.note_skip()
             if not cheap:
