@@ -66,6 +66,23 @@ def test_bench_json_contract(
     assert ("OMP_WAIT_POLICY=PASSIVE is set" in capsys.readouterr().err) == passive
 
 
+def test_bench_pairs_each_round_with_its_own_ar_round(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    args = ["bench", "--model", str(model_dir), "--prompts", str(_prompts(tmp_path, GOOD))]
+    rc = main([*args, "--max-new-tokens", "16", "--drafter", "suffix", "--repeats", "3",
+               "--json", str(out)])  # fmt: skip
+    assert rc == 0
+    d = json.loads(out.read_text())
+    c, ar = d["candidates"][0], d["rounds_ar_tok_s"]
+    assert len(c["rounds_speedup"]) == len(ar) == 3
+    for r, s, a in zip(c["rounds_speedup"], c["rounds_tok_s"], ar, strict=True):
+        assert r == pytest.approx(s / a)
+    assert c["paired_speedup"] == pytest.approx(sorted(c["rounds_speedup"])[1])
+    assert "round by round" in capsys.readouterr().err
+
+
 def test_generate_streams_text(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(
         [

@@ -117,9 +117,20 @@ class CandidateResult:
     mismatches: int
     forcing: ForcingReport
     rounds_tok_s: list[float] = field(default_factory=list)
+    rounds_speedup: list[float] = field(default_factory=list)
+    """Each round's speed over own AR's in the same round (the two interleaved per prompt): on
+    a host whose speed drifts between minutes, the median of these pairs like with like, where
+    ``speedup`` (median over median) may pair a slow round of one with a fast one of the
+    other."""
+
+    @property
+    def paired_speedup(self) -> float | None:
+        """The median of :attr:`rounds_speedup` (None without a speed figure)."""
+        return statistics.median(self.rounds_speedup) if self.rounds_speedup else None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        d["paired_speedup"] = self.paired_speedup
         d["forcing"] = {
             "status": self.forcing.status,
             "summary": self.forcing.summary(),
@@ -216,6 +227,7 @@ def run_bench(
             check(col.refs, col.outs[c.name], strict=cfg.strict),
             col.rounds_c[c.name],
             ar_tok_s,
+            col.rounds_ar,
         )
         for c in candidates
     ]
@@ -301,6 +313,7 @@ def _candidate_result(
     forcing: ForcingReport,
     rounds: list[float],
     ar_tok_s: float,
+    ar_rounds: list[float],
 ) -> CandidateResult:
     steps = sum(r.steps for r in runs)
     accepted = sum(sum(r.accept_lengths) for r in runs)
@@ -323,4 +336,7 @@ def _candidate_result(
         mismatches=len(forcing.divergences),
         forcing=forcing,
         rounds_tok_s=rounds,
+        rounds_speedup=[s / a for s, a in zip(rounds, ar_rounds, strict=True) if a > 0]
+        if forcing.ok
+        else [],
     )

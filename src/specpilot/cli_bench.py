@@ -288,5 +288,10 @@ def _render_bench(console: Any, res: Any) -> None:
     for c in res.candidates:
         depth = " ".join(f"{a:.2f}" for a in c.acceptance_by_depth)
         console.print(f"{c.name}: acceptance by depth {depth}; forcing {c.forcing.summary()}")
+        if len(c.rounds_speedup) > 1 and c.paired_speedup is not None:
+            pairs = " / ".join(f"{x:.3f}" for x in c.rounds_speedup)
+            console.print(
+                f"{c.name}: vs own AR round by round {pairs} (median {c.paired_speedup:.3f}x)"
+            )
         for d in c.forcing.divergences[:5]:
             console.print(f"  {d.describe()}")
