@@ -198,7 +198,7 @@ def test_a_probe_that_cannot_pay_even_in_the_best_case_is_skipped_a_few_times_in
 def test_a_new_sequence_drafts_first_and_carries_a_plain_backoff_at_half_its_gap() -> None:
     """A new sequence drafts its first step; after one whose drafter drafted to the end the
     backoff starts afresh, after one where plain decoding won it carries over at half its gap
-    (the next probe that many steps after a first draft that chose plain decoding)."""
+    and the steady draft cost is timed again by the draft after the first."""
     curve = CostCurve([1, 2, 8], [0.006, 0.0065, 0.009])
     sel = Selector(curve, probe_every=8)
     sure = DraftTree.chain([1, 2], [0.0, 0.0])
@@ -216,17 +216,20 @@ def test_a_new_sequence_drafts_first_and_carries_a_plain_backoff_at_half_its_gap
     sel.last = choose([[]], curve, sel.draft_s)  # plain decoding won
     sel.probe_gap, sel.bound_skips = 64, 2
     assert not sel.should_draft()
+    sel.draft_s = 0.05  # a slow early reading, never timed again while plain decoding won
     sel.begin_sequence()
     assert sel.last is None and sel.probe_gap == 32 and sel.bound_skips == 0
     drafts = []
-    for step in range(40):
+    for step in range(70):
         if sel.should_draft():
             drafts.append(step)
             sel.note_draft(0.004)
             assert sel.select([weak])[0].size == 0
         else:
             sel.note_skip()
-    assert drafts == [0, 32]  # the prompt, then the first probe half the last gap in
+    # the prompt, the draft after it timing a steady one again (counted as a probe: the gap
+    # doubles), then the next probe that gap in
+    assert drafts == [0, 1, 65] and sel.draft_s == 0.004
     sel.probe_gap = 8
     sel.begin_sequence()
     assert sel.probe_gap == 8  # never below probe_every

@@ -212,9 +212,14 @@ class Selector:
         last one ended with plain decoding winning (the full drafter out), the probes' backoff
         carries over at half its gap, else it starts afresh: started afresh per prompt, a head
         that never paid on sampled chat probed at 8, 24 and 56 steps of every 96-token prompt
-        (3-10 ms each, catching up on the steps it skipped)."""
+        (3-10 ms each, catching up on the steps it skipped). After such a sequence the steady
+        draft cost is timed again (the draft after the first)."""
         carry = self.full_on is False
         self.probe_gap = max(self.probe_every, self.probe_gap // 2) if carry else 0
+        # the steady draft cost is only timed by steady drafts, which stop while plain decoding
+        # wins: time one again after this sequence's first draft (one slow early reading had
+        # sat a head out of a whole HumanEval run)
+        self._steady = self._steady and not carry
         self.idle, self.bound_skips, self.last = 0, 0, None
         self.full_pays, self.cheap_edge, self._fresh = None, None, True
         self.cheap_gap, self.cheap_idle = 0, 0
