@@ -48,6 +48,7 @@ several times the fp32 one, and a floor from the fp32 peak is no floor for them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,41 +194,42 @@ def draft_model_work(params: int, forwards_per_step: float, weight_bytes: int) -
     return Work(2.0 * params * forwards_per_step, float(params) * weight_bytes * forwards_per_step)
 
 
+def _native_linears(model: Any) -> Iterator[tuple[int, int, Any]]:
+    """(0 for a layer's linear / 1 for the LM head, weight elements, module) of every module of
+    ``model`` holding GGUF blocks (``blocks``, ``in_features``, ``out_features``)."""
+    for name, mod in model.named_modules():
+        if getattr(mod, "blocks", None) is None or not hasattr(mod, "in_features"):
+            continue
+        n = int(mod.in_features) * int(mod.out_features)
+        if name.split(".")[-1] == "lm_head":
+            yield 1, n, mod
+        elif ".layers." in f".{name}.":
+            yield 0, n, mod
+
+
 def native_weight_bytes(model: Any) -> tuple[float, float] | None:
     """Bytes per weight element (layers' linears, LM head) of a model whose linears hold GGUF
     blocks (modules with ``blocks``, ``in_features``, ``out_features``): the blocks as stored,
     scales included; None when it has none (an fp32 / bf16 model: its dtype's size applies)."""
-    layer_b = layer_n = head_b = head_n = 0
-    for name, mod in model.named_modules():
-        blocks = getattr(mod, "blocks", None)
-        if blocks is None or not hasattr(mod, "in_features"):
-            continue
-        n = int(mod.in_features) * int(mod.out_features)
-        if name.split(".")[-1] == "lm_head":
-            head_b, head_n = head_b + blocks.numel() * blocks.element_size(), head_n + n
-        elif ".layers." in f".{name}.":
-            layer_b, layer_n = layer_b + blocks.numel() * blocks.element_size(), layer_n + n
-    if layer_n == 0:
+    nbytes, elems = [0, 0], [0, 0]
+    for i, n, mod in _native_linears(model):
+        nbytes[i] += mod.blocks.numel() * mod.blocks.element_size()
+        elems[i] += n
+    if elems[0] == 0:
         return None
-    return layer_b / layer_n, (head_b / head_n if head_n else layer_b / layer_n)
+    layer = nbytes[0] / elems[0]
+    return layer, (nbytes[1] / elems[1] if elems[1] else layer)
 
 
 def native_int8_share(model: Any) -> tuple[float, float]:
     """Share of the weight elements (layers' linears, LM head) of a native model whose GEMM runs
     the int8-activation kernel (modules with ``blocks`` and a true ``int8``); (0, 0) for a
     model without any."""
-    n_all = [0, 0]
-    n_q8 = [0, 0]
-    for name, mod in model.named_modules():
-        if getattr(mod, "blocks", None) is None or not hasattr(mod, "in_features"):
-            continue
-        n = int(mod.in_features) * int(mod.out_features)
-        i = 1 if name.split(".")[-1] == "lm_head" else 0
-        if i == 0 and ".layers." not in f".{name}.":
-            continue
-        n_all[i] += n
-        n_q8[i] += n if getattr(mod, "int8", False) else 0
-    return tuple(q / a if a else 0.0 for q, a in zip(n_q8, n_all, strict=True))  # type: ignore[return-value]
+    elems, q8 = [0, 0], [0, 0]
+    for i, n, mod in _native_linears(model):
+        elems[i] += n
+        q8[i] += n if getattr(mod, "int8", False) else 0
+    return (q8[0] / elems[0] if elems[0] else 0.0, q8[1] / elems[1] if elems[1] else 0.0)
 
 
 def trained_net(drafter: Any, depth: int = 3) -> Any | None:

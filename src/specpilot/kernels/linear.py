@@ -309,8 +309,8 @@ class GGUFLinear(nn.Module):
     def profile(self, name: str) -> None:
         int8.check_profile(name)
         use_q8 = name == "int8" and int8.int8_supports(self.qtype)
-        pack = use_q8 and self.packable and self.in_features % 32 == 0
-        self._set_packed(pack and int8.packs(self.qtype, self.out_features, self._isa))
+        pack = use_q8 and self.packable and int8.packs(self.qtype, self.out_features, self._isa)
+        self._set_packed(pack)
         self._op = int8.q8_op() if use_q8 else _ops().gguf_matmul.default
         self._profile = name
         _changed()
