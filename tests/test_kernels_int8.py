@@ -398,7 +398,7 @@ def test_linear_profile_switches_the_kernel_and_dense_types_keep_fp32() -> None:
     assert lin.profile == "fp32" and not lin.int8
     y32 = lin(x)
     lin.profile = "int8"
-    assert lin.profile == "int8" and torch.equal(lin(x), mm(x, lin.blocks, "Q4_1", n, k))
+    assert lin.profile == "int8" and torch.equal(lin(x), mm(x, lin.gguf_blocks(), "Q4_1", n, k))
     assert lin.int8
     assert not torch.equal(lin(x), y32)
     lin.profile = "fp32"

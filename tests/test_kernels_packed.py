@@ -35,7 +35,7 @@ def test_pack_moves_every_byte_and_unpack_restores_them(name: str, n: int, k: in
     raw = as_tensor(random_weight(name, n, k, seed=n + k))
     packed = int8.pack(raw, qt(name), n, k)
     assert packed.shape == raw.shape
-    assert not torch.equal(packed, raw) or k == 32  # k = 32: a tail only, kept as it was
+    assert not torch.equal(packed, raw)
     assert torch.equal(torch.sort(packed).values, torch.sort(raw).values)  # a permutation
     assert torch.equal(int8.pack(packed, qt(name), n, k, unpack=True), raw)
 
@@ -54,6 +54,26 @@ def test_pack_layout_of_one_group_by_hand() -> None:
             at = 2 * (8 * col + j)
             assert torch.equal(packed[256 + at : 258 + at], raw[col, j, 0:2])  # d
             assert torch.equal(packed[288 + at : 290 + at], raw[col, j, 2:4])  # m
+
+
+@pytest.mark.parametrize("name", PACKABLE)
+def test_pack_layout_of_the_trailing_blocks_by_hand(name: str) -> None:
+    """After a pair's full groups, its T trailing blocks: byte 8 T w + 4 (T c + j) + b is nibble
+    byte 4 w + b of trailing block j of column c; then the 2 T scales d, then (Q4_1) the mins."""
+    n, k, tail = 2, 256 + 3 * 32, 3
+    bb, off = (20, 4) if name == "Q4_1" else (18, 2)
+    raw = as_tensor(random_weight(name, n, k, seed=5)).view(n, 11, bb)
+    packed = int8.pack(raw.reshape(-1), qt(name), n, k)
+    base = 16 * bb  # one full group of the pair
+    for c in range(2):
+        for j in range(tail):
+            ci = tail * c + j
+            for w in range(4):
+                got = packed[base + 8 * tail * w + 4 * ci : base + 8 * tail * w + 4 * ci + 4]
+                assert torch.equal(got, raw[c, 8 + j, off + 4 * w : off + 4 * w + 4])
+            for h in range(off // 2):  # d, then (Q4_1) m
+                at = base + 32 * tail + 4 * tail * h + 2 * ci
+                assert torch.equal(packed[at : at + 2], raw[c, 8 + j, 2 * h : 2 * h + 2])
 
 
 @needs_avx512

@@ -62,8 +62,11 @@ struct Q8GemmArgs {
 // 2P + 1), each full group of 8 blocks as the 4 vectors of 64 bytes the blocks-across-lanes
 // schedule decodes (byte 64 w + 16 L + 4 i + b is byte 4 w + b of the nibbles of block 8g + i
 // + 4 (L & 1) of column 2P + (L >> 1)), then the 16 fp16 scales d (column 2P's blocks 0-7, then
-// column 2P + 1's), for Q4_1 the 16 mins m the same way; after the full groups the trailing
-// blocks (k / 32 % 8 of them) of column 2P, then of 2P + 1, as they were. n must be even.
+// column 2P + 1's), for Q4_1 the 16 mins m the same way; after the full groups the T = k / 32 %
+// 8 trailing blocks of both columns compacted the same way: 4 vectors of 2T 32-bit words (byte
+// 8T w + 4 (T c + j) + b is byte 4 w + b of the nibbles of trailing block j of column 2P + c:
+// the lanes j and 8 + j, j < T, of a full group's vector, expanded at load), then the 2T scales
+// d in the same order, for Q4_1 the 2T mins. n must be even.
 constexpr int kQ8Packed = 0x100;
 
 inline bool q8_packed(int qt) { return (qt & kQ8Packed) != 0; }

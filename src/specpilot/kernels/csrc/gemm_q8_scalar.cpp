@@ -140,7 +140,13 @@ extern "C" void sp_q8_pack(const uint8_t* src, int qt, int64_t n, int64_t k, uin
           }
         }
       }
-      move(pk + ng * group + c * tail * bb, col + ng * 8 * bb, static_cast<size_t>(tail * bb));
+      uint8_t* t = pk + ng * group;  // the trailing blocks: word ci = c * tail + j of each
+      for (int64_t j = 0; j < tail; ++j) {
+        uint8_t* blk = col + (8 * ng + j) * bb;
+        const int64_t ci = c * tail + j;
+        for (int w = 0; w < 4; ++w) move(t + 8 * tail * w + 4 * ci, blk + off + 4 * w, 4);
+        for (int h = 0; h < off / 2; ++h) move(t + 32 * tail + 4 * tail * h + 2 * ci, blk + 2 * h, 2);
+      }
     }
   }
 }

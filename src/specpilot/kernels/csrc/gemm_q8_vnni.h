@@ -81,9 +81,7 @@ constexpr int toffset_log2() {
 // One group (blocks g..g + cnt - 1, cnt <= 8) of NP column pairs (group bases base[2p], base[2p
 // + 1]) for RB rows: acc[p * RB + r] half h lane j += the contract's terms of block g + j of
 // column 2p + h (lanes past cnt unchanged).
-// kPk: base[2p] is the pair's packed group (sp_q8_pack): its vectors and scales are loaded as
-// they are, the transposition and the scale gather were done once, at packing.
-template <class W, int RB, int NP, bool kPk = false>
+template <class W, int RB, int NP>
 inline void tgroup(const sp::Q8GemmArgs& a, const uint8_t* const* base, int64_t r0, int64_t g,
                    int cnt, __m512* acc) {
   const int64_t nb = a.x.k / 32, xs = (nb + 7) / 8 * 256;
@@ -107,14 +105,7 @@ inline void tgroup(const sp::Q8GemmArgs& a, const uint8_t* const* base, int64_t 
   }
   for (int p = 0; p < NP; ++p) {
     __m512i z[8];
-    if constexpr (kPk) {
-      const __m512i low = _mm512_set1_epi8(0x0f);
-      for (int w = 0; w < 4; ++w) {
-        const __m512i r = _mm512_loadu_si512(base[2 * p] + 64 * w);
-        z[w] = _mm512_and_si512(r, low);
-        z[w + 4] = _mm512_and_si512(_mm512_srli_epi32(r, 4), low);
-      }
-    } else if constexpr (kNibbles<W>) {
+    if constexpr (kNibbles<W>) {
       nibble_steps<W>(base[2 * p], base[2 * p + 1], z);
     } else {
       for (int j = 0; j < 8; ++j) {
@@ -143,21 +134,13 @@ inline void tgroup(const sp::Q8GemmArgs& a, const uint8_t* const* base, int64_t 
     }
     __m512 sa, sb = _mm512_setzero_ps();
     __m512i se = _mm512_setzero_si512(), so = se;
-    if constexpr (kPk) {
-      const auto ld16 = [](const uint8_t* q) {
-        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
-      };
-      sa = ld16(base[2 * p] + 256);
-      if constexpr (W::kMin) sb = ld16(base[2 * p] + 288);
-    } else {
-      const Scales s0 = W::template scales<8>(base[2 * p]);
-      const Scales s1 = W::template scales<8>(base[2 * p + 1]);
-      sa = pair512(s0.a, s1.a);
-      if constexpr (W::kMin) sb = pair512(s0.b, s1.b);
-      if constexpr (W::kQ6) {
-        se = pair512(s0.se, s1.se);
-        so = pair512(s0.so, s1.so);
-      }
+    const Scales s0 = W::template scales<8>(base[2 * p]);
+    const Scales s1 = W::template scales<8>(base[2 * p + 1]);
+    sa = pair512(s0.a, s1.a);
+    if constexpr (W::kMin) sb = pair512(s0.b, s1.b);
+    if constexpr (W::kQ6) {
+      se = pair512(s0.se, s1.se);
+      so = pair512(s0.so, s1.so);
     }
     for (int r = 0; r < RB; ++r) {
       __m512i isum = lo[r];
@@ -235,14 +218,81 @@ void tcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
   }
 }
 
-// Packed weights (sp_q8_pack; Q4_0 and Q4_1): columns [c0, c1) for rows [r0, r0 + RB), NP
-// column pairs at a time (pairs start at even columns; a column outside [c0, c1) is computed
-// and not stored). Full groups by tgroup on the packed vectors, the trailing blocks (kept as
-// blocks) by the AVX2 path's group() on each column's half of the accumulator: lane j of both
-// is block 8g + j, so the terms are the same, in the same order.
+// Packed weights (sp_q8_pack; Q4_0 and Q4_1): one group of 8 blocks (full) or the trailing cnt
+// < 8 blocks of NP column pairs (p at pk[p] + at: a full group's 4 vectors and 16 scales (and
+// mins), or the trailing blocks' compact vectors and 2 cnt scales, expanded into lanes j and 8 +
+// j, j < cnt) for RB rows: acc[p * RB + r] half h lane j += the contract's terms of block g + j
+// of column 2p + h. The decoded steps of the NP pairs stay in registers (8 NP of the 32) and
+// each broadcast activation step feeds NP dpbusd; a row's integer sums are exact in any order,
+// so only the float steps below follow the contract (lane by lane, as tgroup).
+template <class W, int RB, int NP, bool kFull>
+inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at, int64_t r0,
+                   int64_t g, int cnt, __m512* acc) {
+  const int64_t nb = a.x.k / 32, xs = (nb + 7) / 8 * 256;
+  const __mmask8 live8 = static_cast<__mmask8>((1u << cnt) - 1);
+  const __mmask16 live = static_cast<__mmask16>(live8 | (live8 << 8));
+  constexpr int L = toffset_log2<W>();
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  const auto ld16 = [](const uint8_t* q, __mmask16 k) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, q));
+  };
+  __m512i z[NP][8];
+  __m512 sa[NP], sb[NP];
+  for (int p = 0; p < NP; ++p) {
+    const uint8_t* b = pk[p] + at;
+    for (int w = 0; w < 4; ++w) {
+      const __m512i v = kFull ? _mm512_loadu_si512(b + 64 * w)
+                              : _mm512_maskz_expandloadu_epi32(live, b + 8 * cnt * w);
+      z[p][w] = _mm512_and_si512(v, low);
+      z[p][w + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low);
+    }
+    if constexpr (kFull) {
+      sa[p] = ld16(b + 256, 0xffff);
+      if constexpr (W::kMin) sb[p] = ld16(b + 288, 0xffff);
+    } else {
+      const __mmask16 halves = static_cast<__mmask16>((1u << (2 * cnt)) - 1);
+      sa[p] = _mm512_maskz_expand_ps(live, ld16(b + 32 * cnt, halves));
+      if constexpr (W::kMin) sb[p] = _mm512_maskz_expand_ps(live, ld16(b + 36 * cnt, halves));
+    }
+  }
+  for (int r = 0; r < RB; ++r) {
+    const int8_t* xr = a.x.qt + (r0 + r) * xs + g / 8 * 256;
+    __m512i lo[NP];
+    for (int p = 0; p < NP; ++p) lo[p] = _mm512_setzero_si512();
+    for (int t = 0; t < 8; ++t) {
+      const __m512i xv = _mm512_broadcast_i64x4(load32(xr + 32 * t));
+      for (int p = 0; p < NP; ++p) lo[p] = _mm512_dpbusd_epi32(lo[p], z[p][t], xv);
+    }
+    const int64_t off = (r0 + r) * nb + g;
+    const auto bx = [&](const float* v) {
+      return _mm512_broadcast_f32x8(kFull ? _mm256_loadu_ps(v + off)
+                                          : _mm256_maskz_loadu_ps(live8, v + off));
+    };
+    const __m512 dx = bx(a.x.d);
+    __m512 sx = _mm512_setzero_ps();
+    if constexpr (W::kMin) sx = bx(a.x.s);
+    __m512i sq = _mm512_setzero_si512();
+    if constexpr (L > 0) {
+      sq = _mm512_slli_epi32(
+          _mm512_broadcast_i32x8(_mm256_maskz_loadu_epi32(kFull ? 0xff : live8, a.x.qsum + off)),
+          L);
+    }
+    for (int p = 0; p < NP; ++p) {
+      __m512i isum = lo[p];
+      if constexpr (L > 0) isum = _mm512_sub_epi32(isum, sq);
+      __m512& ac = acc[p * RB + r];
+      __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(sa[p], dx), _mm512_cvtepi32_ps(isum), ac);
+      if constexpr (W::kMin) v = _mm512_fmadd_ps(sb[p], sx, v);
+      ac = kFull ? v : _mm512_mask_mov_ps(ac, live, v);  // the tail: lanes past cnt unchanged
+    }
+  }
+}
+
+// Packed weights: columns [c0, c1) for rows [r0, r0 + RB), two column pairs at a time (pairs
+// start at even columns; a column outside [c0, c1) is computed and not stored).
 template <class W, int RB>
 void pcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
-  constexpr int NP = RB <= 2 ? 2 : 1;
+  constexpr int NP = 2;
   const int64_t nb = a.x.k / 32, ng = nb / 8, cnt = nb % 8;
   const int64_t group = 16 * static_cast<int64_t>(W::kBytes), pair = 2 * a.row_bytes;
   const int64_t last = (c1 - 1) / 2;
@@ -259,26 +309,17 @@ void pcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
     }
     __m512 acc[NP * RB];
     for (int t = 0; t < NP * RB; ++t) acc[t] = _mm512_setzero_ps();
-    const uint8_t* base[2 * NP];
-    for (int64_t g = 0; g < ng; ++g) {
-      for (int p = 0; p < NP; ++p) base[2 * p] = base[2 * p + 1] = pk[p] + g * group;
-      tgroup<W, RB, NP, true>(a, base, r0, 8 * g, 8, acc);
+    for (int64_t g = 0; g < ng; ++g) pgroup<W, RB, NP, true>(a, pk, g * group, r0, 8 * g, 8, acc);
+    if (cnt > 0) {
+      pgroup<W, RB, NP, false>(a, pk, ng * group, r0, 8 * ng, static_cast<int>(cnt), acc);
     }
     for (int p = 0; p < NP; ++p) {
       for (int h = 0; h < 2; ++h) {
         const int64_t col = 2 * pi[p] + h;
-        __m256 half[RB];
-        for (int r = 0; r < RB; ++r) {
-          half[r] = h == 0 ? _mm512_castps512_ps256(acc[p * RB + r])
-                           : _mm512_extractf32x8_ps(acc[p * RB + r], 1);
-        }
-        if (cnt > 0) {  // group() reads block g at row + g * kBytes: the column's own tail
-          const uint8_t* row = pk[p] + ng * group + h * cnt * W::kBytes - 8 * ng * W::kBytes;
-          tail<W, RB, 1>(a, &row, r0, 8 * ng, static_cast<int>(cnt), half);
-        }
         if (col < c0 || col >= c1 || (p > 0 && pi[p] == pi[p - 1])) continue;
         for (int r = 0; r < RB; ++r) {
-          float y = reduce8(half[r]);
+          const __m512 v = acc[p * RB + r];
+          float y = reduce8(h == 0 ? _mm512_castps512_ps256(v) : _mm512_extractf32x8_ps(v, 1));
           if (a.bias != nullptr) y = y + a.bias[col];
           a.y[(r0 + r) * a.n + col] = y;
         }
