@@ -1,4 +1,4 @@
-"""The AVX-512 path's packed Q4_0 / Q4_1 layout: the same bytes reordered, the same bits."""
+"""The AVX-512 path's packed Q4_0 / Q4_1 / Q8_0 layout: the same bytes reordered, the same bits."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
 )
 AVX512 = "avx512" in ISAS
 needs_avx512 = pytest.mark.skipif(not AVX512, reason="no AVX-512 VNNI here")
-PACKABLE = ("Q4_0", "Q4_1")
+PACKABLE = ("Q4_0", "Q4_1", "Q8_0")
 # k = 32 (a tail only), 256 (one group, no tail), 576 (SmolLM2: 2 groups + 2), 1536, 800 (3 + 1)
 SHAPES = [(2, 32), (6, 256), (10, 576), (4, 1536), (34, 800)]
 
@@ -58,22 +58,38 @@ def test_pack_layout_of_one_group_by_hand() -> None:
 
 @pytest.mark.parametrize("name", PACKABLE)
 def test_pack_layout_of_the_trailing_blocks_by_hand(name: str) -> None:
-    """After a pair's full groups, its T trailing blocks: byte 8 T w + 4 (T c + j) + b is nibble
-    byte 4 w + b of trailing block j of column c; then the 2 T scales d, then (Q4_1) the mins."""
+    """After a pair's full groups, its T trailing blocks: byte 8 T w + 4 (T c + j) + b is byte
+    4 w + b of the integers of trailing block j of column c (V words: 4 nibble words, Q8_0 8);
+    then the 2 T scales d, then (Q4_1) the mins."""
     n, k, tail = 2, 256 + 3 * 32, 3
-    bb, off = (20, 4) if name == "Q4_1" else (18, 2)
+    bb, off = {"Q4_0": (18, 2), "Q4_1": (20, 4), "Q8_0": (34, 2)}[name]
+    words = (bb - off) // 4
     raw = as_tensor(random_weight(name, n, k, seed=5)).view(n, 11, bb)
     packed = int8.pack(raw.reshape(-1), qt(name), n, k)
     base = 16 * bb  # one full group of the pair
     for c in range(2):
         for j in range(tail):
             ci = tail * c + j
-            for w in range(4):
+            for w in range(words):
                 got = packed[base + 8 * tail * w + 4 * ci : base + 8 * tail * w + 4 * ci + 4]
                 assert torch.equal(got, raw[c, 8 + j, off + 4 * w : off + 4 * w + 4])
             for h in range(off // 2):  # d, then (Q4_1) m
-                at = base + 32 * tail + 4 * tail * h + 2 * ci
+                at = base + 8 * tail * words + 4 * tail * h + 2 * ci
                 assert torch.equal(packed[at : at + 2], raw[c, 8 + j, 2 * h : 2 * h + 2])
+
+
+def test_pack_layout_of_a_q8_0_group_by_hand() -> None:
+    """Q8_0: 8 vectors, byte 64 w + 4 (8 c + j) + b is byte 4 w + b of block j's integers of
+    column c, then the 16 scales."""
+    n, k = 2, 256
+    raw = as_tensor(random_weight("Q8_0", n, k, seed=7)).view(n, 8, 34)
+    packed = int8.pack(raw.reshape(-1), qt("Q8_0"), n, k)
+    for w, c, j, b in [(0, 0, 0, 0), (7, 1, 7, 3), (5, 0, 3, 1), (2, 1, 6, 2)]:
+        assert packed[64 * w + 4 * (8 * c + j) + b] == raw[c, j, 2 + 4 * w + b]
+    for c in range(2):
+        for j in range(8):
+            at = 512 + 2 * (8 * c + j)
+            assert torch.equal(packed[at : at + 2], raw[c, j, 0:2])
 
 
 @needs_avx512
@@ -143,22 +159,32 @@ def test_linear_packs_in_the_int8_profile_and_unpacks_for_any_other_use(
     monkeypatch.delenv(int8.PACK_ENV)
     odd = kernels.GGUFLinear(as_tensor(random_weight("Q4_1", 7, k, seed=1)), qt("Q4_1"), 7, k)
     odd.profile = "int8"
-    q8 = kernels.GGUFLinear(as_tensor(random_weight("Q8_0", n, k, seed=1)), qt("Q8_0"), n, k)
-    q8.profile = "int8"
-    assert not odd.packed and not q8.packed  # an odd n, a type without the layout
+    q5 = kernels.GGUFLinear(as_tensor(random_weight("Q5_0", n, k, seed=1)), qt("Q5_0"), n, k)
+    q5.profile = "int8"
+    assert not odd.packed and not q5.packed  # an odd n, a type without the layout
 
 
 @needs_avx512
-def test_a_tied_head_never_packs_the_embeddings_blocks() -> None:
+@pytest.mark.parametrize(("n", "k"), [(8, 64), (10, 576)])
+def test_a_tied_head_packs_and_the_embedding_reads_the_packed_blocks(n: int, k: int) -> None:
     from specpilot.loading.native import TiedHead
 
-    n, k = 8, 64
-    raw = as_tensor(random_weight("Q4_0", n, k, seed=4))
-    emb = kernels.GGUFEmbedding(raw, qt("Q4_0"), n, k)
-    head = TiedHead(emb.blocks, qt("Q4_0"), n, k)
+    raw = as_tensor(random_weight("Q8_0", n, k, seed=4))
+    emb = kernels.GGUFEmbedding(raw.clone(), qt("Q8_0"), n, k)
+    head = TiedHead(emb.blocks, qt("Q8_0"), n, k)
     head.tie(emb)
+    tokens = torch.tensor([[3, 0, n - 1, 4, 3]])
+    want_rows = emb(tokens)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(8))
+    want = op(x, raw, qt("Q8_0"), n, k)
     head.profile = "int8"
-    assert head.int8 and not head.packed and torch.equal(emb.blocks, raw)
+    assert head.packed and emb.qcode == head.qcode == qt("Q8_0") | int8.PACKED
+    assert emb.blocks.data_ptr() == head.blocks.data_ptr() and not torch.equal(emb.blocks, raw)
+    assert torch.equal(bits(emb(tokens)), bits(want_rows))  # rows read from their packed pairs
+    assert torch.equal(bits(head(x)), bits(want))
+    head.profile = "fp32"
+    assert not head.packed and emb.qcode == qt("Q8_0") and torch.equal(emb.blocks, raw)
+    assert torch.equal(bits(emb(tokens)), bits(want_rows))
 
 
 def test_packed_weights_off_the_avx512_path_are_a_clear_error() -> None:
@@ -167,7 +193,7 @@ def test_packed_weights_off_the_avx512_path_are_a_clear_error() -> None:
     packed = int8.pack(raw, qt("Q4_1"), n, k)
     with pytest.raises(RuntimeError, match="AVX-512 path only"):
         op(torch.randn(1, k), packed, qt("Q4_1") | int8.PACKED, n, k, isa="portable")
-    with pytest.raises(RuntimeError, match="only Q4_0 and Q4_1 weights pack"):
-        int8.pack(as_tensor(random_weight("Q8_0", n, k, seed=6)), qt("Q8_0"), n, k)
+    with pytest.raises(RuntimeError, match="only Q4_0, Q4_1 and Q8_0 weights pack"):
+        int8.pack(as_tensor(random_weight("Q5_0", n, k, seed=6)), qt("Q5_0"), n, k)
     with pytest.raises(RuntimeError, match="even n"):
         int8.pack(raw[: raw.numel() * 3 // 4], qt("Q4_1"), 3, k)

@@ -82,17 +82,18 @@ def q8_multi_op() -> Any:
 
 
 def packs(qtype: int, n: int, isa: int) -> bool:
-    """Whether an (n, k) weight of ``qtype`` runs packed with ISA code ``isa``: Q4_0 / Q4_1,
-    n even, the AVX-512 path picked (not AMX), and :data:`PACK_ENV` not ``0``."""
+    """Whether an (n, k) weight of ``qtype`` runs packed with ISA code ``isa``: Q4_0 / Q4_1 /
+    Q8_0, n even, the AVX-512 path picked (not AMX), and :data:`PACK_ENV` not ``0``."""
     if os.environ.get(PACK_ENV) == "0" or n % 2:
         return False
     return bool(_ops().q8_packs(int(qtype), int(isa)))
 
 
 def pack(blocks: Tensor, qtype: int, n: int, k: int, unpack: bool = False) -> Tensor:
-    """The (n, k) ``qtype`` (Q4_0 / Q4_1) ``blocks`` reordered into the AVX-512 path's packed
-    layout (per pair of columns and group of 8 blocks, the 4 vectors its schedule decodes, then
-    the group's 16 scales (and mins); the trailing blocks as they were: csrc/gemm_q8.h), or back
+    """The (n, k) ``qtype`` (Q4_0 / Q4_1 / Q8_0) ``blocks`` reordered into the AVX-512 path's
+    packed layout (per pair of columns and group of 8 blocks, the 4 vectors (Q8_0: 8) its
+    schedule reads, then the group's 16 scales (and mins); the trailing blocks compacted the same
+    way: csrc/gemm_q8.h), or back
     with ``unpack``: a new tensor of the same size. The GEMM runs either layout to the same
     bits, the packed one given ``qtype | PACKED``."""
     return _ops().q8_pack(blocks, int(qtype), int(n), int(k), bool(unpack))

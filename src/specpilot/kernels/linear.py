@@ -199,9 +199,6 @@ def schedule_version() -> int:
 class GGUFLinear(nn.Module):
     """``y = x W^T + b`` with W kept as raw GGUF blocks (a uint8 buffer) and run natively."""
 
-    packable = True
-    """False for a linear whose blocks another module reads (a tied LM head: the embedding's)."""
-
     def __init__(
         self,
         blocks: Tensor,
@@ -262,10 +259,10 @@ class GGUFLinear(nn.Module):
 
     @property
     def packed(self) -> bool:
-        """Whether the blocks are in the AVX-512 path's packed layout: Q4_0 / Q4_1 weights in
-        the int8 profile where that path runs (the same bytes reordered, so the transposition
-        and scale gather of its schedule are done once; :func:`int8.pack`). ``$SPECPILOT_Q8_PACK``
-        ``0`` keeps the GGUF order. Either layout gives the same bits."""
+        """Whether the blocks are in the AVX-512 path's packed layout: Q4_0 / Q4_1 / Q8_0
+        weights in the int8 profile where that path runs (the same bytes reordered, so the
+        transposition and scale gather of its schedule are done once; :func:`int8.pack`).
+        ``$SPECPILOT_Q8_PACK`` ``0`` keeps the GGUF order. Either layout gives the same bits."""
         return self.qcode != self.qtype
 
     def _set_packed(self, on: bool) -> None:
@@ -309,7 +306,7 @@ class GGUFLinear(nn.Module):
     def profile(self, name: str) -> None:
         int8.check_profile(name)
         use_q8 = name == "int8" and int8.int8_supports(self.qtype)
-        pack = use_q8 and self.packable and int8.packs(self.qtype, self.out_features, self._isa)
+        pack = use_q8 and int8.packs(self.qtype, self.out_features, self._isa)
         self._set_packed(pack)
         self._op = int8.q8_op() if use_q8 else _ops().gguf_matmul.default
         self._profile = name
@@ -439,11 +436,14 @@ class GGUFEmbedding(nn.Module):
         super().__init__()
         self.qtype, self.num_embeddings, self.embedding_dim = int(qtype), int(num), int(dim)
         self.register_buffer("blocks", check_blocks(blocks, self.qtype, num, dim, name))
+        self.qcode = self.qtype
+        """The type the lookup op is given: flagged :data:`int8.PACKED` while a tied LM head
+        keeps the shared blocks packed (each row is then read from its unpacked pair)."""
         self._op = _ops().gguf_dequantize.default
         self._dense: Tensor | None = None
 
     def forward(self, tokens: Tensor) -> Tensor:
-        rows = self._op(self.blocks, self.qtype, self.num_embeddings, self.embedding_dim, tokens)
+        rows = self._op(self.blocks, self.qcode, self.num_embeddings, self.embedding_dim, tokens)
         return rows.reshape(*tokens.shape, self.embedding_dim)
 
     @property

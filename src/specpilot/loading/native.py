@@ -99,9 +99,16 @@ def choose_weights(
 
 
 class TiedHead(kernels.GGUFLinear):
-    """The LM head of a tied model: the embedding's blocks, and its fp32 copy when asked."""
+    """The LM head of a tied model: the embedding's blocks, and its fp32 copy when asked. When
+    the int8 profile packs the shared blocks, the embedding's lookup is told (it then reads each
+    row from its unpacked pair)."""
 
-    packable = False  # the embedding reads the same blocks in GGUF order
+    tied: tuple[kernels.GGUFEmbedding, ...] = ()
+
+    def _set_packed(self, on: bool) -> None:
+        super()._set_packed(on)
+        for emb in self.tied:
+            emb.qcode = self.qcode
 
     @property
     def weight(self) -> Tensor:
@@ -109,6 +116,7 @@ class TiedHead(kernels.GGUFLinear):
 
     def tie(self, embedding: kernels.GGUFEmbedding) -> None:
         self.tied = (embedding,)  # a tuple: not registered as a second submodule
+        embedding.qcode = self.qcode
 
 
 def _rows(t: Any, heads: int | None, notes: list[str]) -> Rows:

@@ -58,22 +58,23 @@ struct Q8GemmArgs {
 };
 
 // A weight tensor in the AVX-512 path's packed layout (sp_q8_pack) passes its type as
-// qt | kQ8Packed. Q4_0 and Q4_1 only; the same bytes, reordered: per pair of columns (2P,
-// 2P + 1), each full group of 8 blocks as the 4 vectors of 64 bytes the blocks-across-lanes
-// schedule decodes (byte 64 w + 16 L + 4 i + b is byte 4 w + b of the nibbles of block 8g + i
-// + 4 (L & 1) of column 2P + (L >> 1)), then the 16 fp16 scales d (column 2P's blocks 0-7, then
-// column 2P + 1's), for Q4_1 the 16 mins m the same way; after the full groups the T = k / 32 %
-// 8 trailing blocks of both columns compacted the same way: 4 vectors of 2T 32-bit words (byte
-// 8T w + 4 (T c + j) + b is byte 4 w + b of the nibbles of trailing block j of column 2P + c:
-// the lanes j and 8 + j, j < T, of a full group's vector, expanded at load), then the 2T scales
-// d in the same order, for Q4_1 the 2T mins. n must be even.
+// qt | kQ8Packed. Q4_0, Q4_1 and Q8_0; the same bytes, reordered. A block's integers are V
+// 32-bit words (V = 4 nibble words for Q4_0 / Q4_1, 8 byte words for Q8_0). Per pair of columns
+// (2P, 2P + 1), each full group of 8 blocks as the V vectors of 64 bytes the blocks-across-lanes
+// schedule reads (byte 64 w + 4 (8 c + j) + b is byte 4 w + b of the integers of block 8g + j of
+// column 2P + c: lane 8 c + j), then the 16 fp16 scales d (column 2P's blocks 0-7, then column
+// 2P + 1's), for Q4_1 the 16 mins m the same way; after the full groups the T = k / 32 % 8
+// trailing blocks of both columns compacted the same way: V vectors of 2T words (byte 8T w + 4
+// (T c + j) + b is byte 4 w + b of the integers of trailing block j of column 2P + c: the lanes j
+// and 8 + j, j < T, of a full group's vector, expanded at load), then the 2T scales d in the
+// same order, for Q4_1 the 2T mins. n must be even.
 constexpr int kQ8Packed = 0x100;
 
 inline bool q8_packed(int qt) { return (qt & kQ8Packed) != 0; }
 
 inline int q8_base_type(int qt) { return qt & ~kQ8Packed; }
 
-inline bool q8_packable(int qt) { return qt == Q4_0 || qt == Q4_1; }
+inline bool q8_packable(int qt) { return qt == Q4_0 || qt == Q4_1 || qt == Q8_0; }
 
 inline bool q8_supported(int qt) {
   if (q8_packed(qt)) return q8_packable(q8_base_type(qt));

@@ -460,6 +460,8 @@ extern "C" void SP_Q8_ENTRY(const sp::Q8GemmArgs* a, int64_t n0, int64_t n1, int
       return run_transposed<WQ4_0, true>(*a, n0, n1, row_tile, col_tile);
     case sp::Q4_1 | sp::kQ8Packed:
       return run_transposed<WQ4_1, true>(*a, n0, n1, row_tile, col_tile);
+    case sp::Q8_0 | sp::kQ8Packed:
+      return run_transposed<WQ8_0, true>(*a, n0, n1, row_tile, col_tile);
 #endif
     default: return;
   }

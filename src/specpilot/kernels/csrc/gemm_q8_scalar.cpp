@@ -115,7 +115,8 @@ extern "C" void sp_q8_interleave(const int8_t* q, int64_t m, int64_t k, int8_t* 
 
 extern "C" void sp_q8_pack(const uint8_t* src, int qt, int64_t n, int64_t k, uint8_t* dst,
                            bool unpack) {
-  const int bb = sp::block_bytes(qt), off = qt == sp::Q4_1 ? 4 : 2;  // nibbles after d (, m)
+  const int bb = sp::block_bytes(qt), off = qt == sp::Q4_1 ? 4 : 2;  // integers after d (, m)
+  const int V = (bb - off) / 4;  // 32-bit words of a block's integers: 4 (nibbles) or 8 (Q8_0)
   const int64_t nb = k / 32, ng = nb / 8, tail = nb % 8, rb = nb * bb;
   const int64_t group = 16 * static_cast<int64_t>(bb);  // bytes of one pair's packed group
   // P: the packed bytes, B: the blocks; one is read (src), the other written (dst)
@@ -131,12 +132,11 @@ extern "C" void sp_q8_pack(const uint8_t* src, int qt, int64_t n, int64_t k, uin
       uint8_t* col = B + (2 * p + c) * rb;
       for (int64_t g = 0; g < ng; ++g) {
         uint8_t* o = pk + g * group;
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < 8; ++j) {  // lane 8 c + j of each vector
           uint8_t* blk = col + (8 * g + j) * bb;
-          const int L = 2 * c + j / 4, i = j % 4;
-          for (int w = 0; w < 4; ++w) move(o + 64 * w + 16 * L + 4 * i, blk + off + 4 * w, 4);
+          for (int w = 0; w < V; ++w) move(o + 64 * w + 4 * (8 * c + j), blk + off + 4 * w, 4);
           for (int h = 0; h < off / 2; ++h) {  // d, then (Q4_1) m
-            move(o + 256 + 32 * h + 2 * (8 * c + j), blk + 2 * h, 2);
+            move(o + 64 * V + 32 * h + 2 * (8 * c + j), blk + 2 * h, 2);
           }
         }
       }
@@ -144,8 +144,10 @@ extern "C" void sp_q8_pack(const uint8_t* src, int qt, int64_t n, int64_t k, uin
       for (int64_t j = 0; j < tail; ++j) {
         uint8_t* blk = col + (8 * ng + j) * bb;
         const int64_t ci = c * tail + j;
-        for (int w = 0; w < 4; ++w) move(t + 8 * tail * w + 4 * ci, blk + off + 4 * w, 4);
-        for (int h = 0; h < off / 2; ++h) move(t + 32 * tail + 4 * tail * h + 2 * ci, blk + 2 * h, 2);
+        for (int w = 0; w < V; ++w) move(t + 8 * tail * w + 4 * ci, blk + off + 4 * w, 4);
+        for (int h = 0; h < off / 2; ++h) {
+          move(t + 8 * tail * V + 4 * tail * h + 2 * ci, blk + 2 * h, 2);
+        }
       }
     }
   }

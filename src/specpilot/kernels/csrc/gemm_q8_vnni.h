@@ -218,10 +218,10 @@ void tcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
   }
 }
 
-// Packed weights (sp_q8_pack; Q4_0 and Q4_1): one group of 8 blocks (full) or the trailing cnt
-// < 8 blocks of NP column pairs (p at pk[p] + at: a full group's 4 vectors and 16 scales (and
-// mins), or the trailing blocks' compact vectors and 2 cnt scales, expanded into lanes j and 8 +
-// j, j < cnt) for RB rows: acc[p * RB + r] half h lane j += the contract's terms of block g + j
+// Packed weights (sp_q8_pack; Q4_0, Q4_1, Q8_0): one group of 8 blocks (full) or the trailing cnt
+// < 8 blocks of NP column pairs (p at pk[p] + at: a full group's 4 vectors (Q8_0: 8) and 16
+// scales (and mins), or the trailing blocks' compact vectors and 2 cnt scales, expanded into
+// lanes j and 8 + j, j < cnt) for RB rows: acc[p * RB + r] half h lane j += the contract's terms of block g + j
 // of column 2p + h. The decoded steps of the NP pairs stay in registers (8 NP of the 32) and
 // each broadcast activation step feeds NP dpbusd; a row's integer sums are exact in any order,
 // so only the float steps below follow the contract (lane by lane, as tgroup).
@@ -232,7 +232,8 @@ inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at
   const __mmask8 live8 = static_cast<__mmask8>((1u << cnt) - 1);
   const __mmask16 live = static_cast<__mmask16>(live8 | (live8 << 8));
   constexpr int L = toffset_log2<W>();
-  const __m512i low = _mm512_set1_epi8(0x0f);
+  constexpr int V = kNibbles<W> ? 4 : 8;  // vectors of a full group (Q8_0: 8, no nibbles)
+  const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const auto ld16 = [](const uint8_t* q, __mmask16 k) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, q));
   };
@@ -240,19 +241,25 @@ inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at
   __m512 sa[NP], sb[NP];
   for (int p = 0; p < NP; ++p) {
     const uint8_t* b = pk[p] + at;
-    for (int w = 0; w < 4; ++w) {
+    for (int w = 0; w < V; ++w) {
       const __m512i v = kFull ? _mm512_loadu_si512(b + 64 * w)
                               : _mm512_maskz_expandloadu_epi32(live, b + 8 * cnt * w);
-      z[p][w] = _mm512_and_si512(v, low);
-      z[p][w + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low);
+      if constexpr (V == 4) {
+        z[p][w] = _mm512_and_si512(v, low);
+        z[p][w + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low);
+      } else {
+        z[p][w] = _mm512_xor_si512(v, flip);  // Q8_0 as w + 128
+      }
     }
     if constexpr (kFull) {
-      sa[p] = ld16(b + 256, 0xffff);
-      if constexpr (W::kMin) sb[p] = ld16(b + 288, 0xffff);
+      sa[p] = ld16(b + 64 * V, 0xffff);
+      if constexpr (W::kMin) sb[p] = ld16(b + 64 * V + 32, 0xffff);
     } else {
       const __mmask16 halves = static_cast<__mmask16>((1u << (2 * cnt)) - 1);
-      sa[p] = _mm512_maskz_expand_ps(live, ld16(b + 32 * cnt, halves));
-      if constexpr (W::kMin) sb[p] = _mm512_maskz_expand_ps(live, ld16(b + 36 * cnt, halves));
+      sa[p] = _mm512_maskz_expand_ps(live, ld16(b + 8 * cnt * V, halves));
+      if constexpr (W::kMin) {
+        sb[p] = _mm512_maskz_expand_ps(live, ld16(b + 8 * cnt * V + 4 * cnt, halves));
+      }
     }
   }
   for (int r = 0; r < RB; ++r) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "formats.h"
+#include "gemm_q8.h"
 #include "isa.h"
 #include "ops_api.h"
 
@@ -172,8 +173,14 @@ at::Tensor gguf_matmul_reference(const at::Tensor& x_in, const at::Tensor& block
   return y;
 }
 
-at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k,
+// Rows of blocks (qtype flagged sp::kQ8Packed: in the int8 GEMM's packed layout, each row read
+// by unpacking its pair of columns into a scratch copy).
+at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t qtype_in, int64_t n, int64_t k,
                            const at::Tensor& rows_in) {
+  const bool packed = sp::q8_packed(static_cast<int>(qtype_in));
+  const int64_t qtype = sp::q8_base_type(static_cast<int>(qtype_in));
+  TORCH_CHECK(!packed || (sp::q8_packable(static_cast<int>(qtype)) && n % 2 == 0),
+              "specpilot: packed blocks of type ", qtype, " with n=", n);
   check_blocks(blocks, qtype, n, k);
   const at::Tensor rows = rows_in.to(at::kLong).contiguous();
   at::Tensor out = at::empty({rows.numel(), k}, at::TensorOptions().dtype(at::kFloat));
@@ -181,9 +188,15 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t qtype, int64_t n, i
   const int64_t rb = row_bytes(qtype, k);
   const uint8_t* base = blocks.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
+  std::vector<uint8_t> pair(packed ? 2 * rb : 0);
   for (int64_t i = 0; i < rows.numel(); ++i) {
     TORCH_CHECK(idx[i] >= 0 && idx[i] < n, "specpilot: row index ", idx[i], " out of range");
     const uint8_t* row = base + idx[i] * rb;
+    if (packed) {
+      sp_q8_pack(base + (idx[i] & ~int64_t{1}) * rb, static_cast<int>(qtype), 2, k, pair.data(),
+                 true);
+      row = pair.data() + (idx[i] & 1) * rb;
+    }
     float* dst = o + i * k;
     if (sp::is_dense(static_cast<int>(qtype))) {
       sp::decode_dense(static_cast<int>(qtype), row, 0, static_cast<int>(k), dst);

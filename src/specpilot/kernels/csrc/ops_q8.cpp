@@ -250,11 +250,11 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
   return y;
 }
 
-// The blocks of n rows of k-wide Q4_0 / Q4_1 weights in the packed layout of the AVX-512 path
+// The blocks of n rows of k-wide Q4_0 / Q4_1 / Q8_0 weights in the packed layout of the AVX-512 path
 // (gemm_q8.h), or back (unpack): a new tensor of the same size.
 at::Tensor q8_pack(const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k, bool unpack) {
   const int qt = static_cast<int>(qtype);
-  TORCH_CHECK(sp::q8_packable(qt), "specpilot: only Q4_0 and Q4_1 weights pack");
+  TORCH_CHECK(sp::q8_packable(qt), "specpilot: only Q4_0, Q4_1 and Q8_0 weights pack");
   TORCH_CHECK(n > 0 && n % 2 == 0 && k > 0 && k % 32 == 0,
               "specpilot: packing needs an even n and k a multiple of 32");
   TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte &&
@@ -266,7 +266,7 @@ at::Tensor q8_pack(const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k
   return out;
 }
 
-// Whether weights of type qtype pack for calls with this isa code: Q4_0 / Q4_1 where the
+// Whether weights of type qtype pack for calls with this isa code: Q4_0 / Q4_1 / Q8_0 where the
 // picked path is AVX-512 (not AMX, whose schedule reads the blocks as they are).
 int64_t q8_packs(int64_t qtype, int64_t isa) {
   return sp::q8_packable(static_cast<int>(qtype)) && sp::pick_isa(isa) == 3 ? 1 : 0;
