@@ -295,6 +295,20 @@ inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at
   }
 }
 
+// reduce8 of both 256-bit halves of v at once (the same sums, in the same order: lane i + lane i
+// + 4, then + lane i + 2, then + lane i + 1): the half 0 total in float 0, the half 1 total in
+// float 1.
+inline __m128 reduce8x2(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));  // 128-bit lanes swapped in halves
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
+  return _mm_unpacklo_ps(_mm512_castps512_ps128(v), _mm512_extractf32x4_ps(v, 2));
+}
+
+// Prefetch distance of packed weights at m = 1, in column pairs (2, 4, 8 and 16 measured alike
+// on a 70 MB tensor, one core of an EPYC Zen 4).
+constexpr int64_t kPairsAhead = 4;
+
 // Packed weights: columns [c0, c1) for rows [r0, r0 + RB), two column pairs at a time (pairs
 // start at even columns; a column outside [c0, c1) is computed and not stored).
 template <class W, int RB>
@@ -309,8 +323,8 @@ void pcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
     for (int p = 0; p < NP; ++p) {
       pi[p] = c / 2 + p <= last ? c / 2 + p : last;
       pk[p] = a.w + pi[p] * pair;
-      if (2 * (pi[p] + 4) < a.n) {  // the pair 8 columns ahead, streamed once at m = 1
-        const char* ahead = reinterpret_cast<const char*>(pk[p] + 4 * pair);
+      if (2 * (pi[p] + kPairsAhead) < a.n) {  // the pair kPairsAhead ahead, streamed once
+        const char* ahead = reinterpret_cast<const char*>(pk[p] + kPairsAhead * pair);
         for (int64_t o = 0; o < pair; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
       }
     }
@@ -321,14 +335,16 @@ void pcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
       pgroup<W, RB, NP, false>(a, pk, ng * group, r0, 8 * ng, static_cast<int>(cnt), acc);
     }
     for (int p = 0; p < NP; ++p) {
-      for (int h = 0; h < 2; ++h) {
-        const int64_t col = 2 * pi[p] + h;
-        if (col < c0 || col >= c1 || (p > 0 && pi[p] == pi[p - 1])) continue;
-        for (int r = 0; r < RB; ++r) {
-          const __m512 v = acc[p * RB + r];
-          float y = reduce8(h == 0 ? _mm512_castps512_ps256(v) : _mm512_extractf32x8_ps(v, 1));
-          if (a.bias != nullptr) y = y + a.bias[col];
-          a.y[(r0 + r) * a.n + col] = y;
+      if (p > 0 && pi[p] == pi[p - 1]) continue;
+      const int64_t col = 2 * pi[p];
+      const bool st0 = col >= c0 && col < c1, st1 = col + 1 >= c0 && col + 1 < c1;
+      for (int r = 0; r < RB; ++r) {
+        const __m128 y = reduce8x2(acc[p * RB + r]);
+        float* out = a.y + (r0 + r) * a.n + col;
+        if (st0) out[0] = a.bias != nullptr ? _mm_cvtss_f32(y) + a.bias[col] : _mm_cvtss_f32(y);
+        if (st1) {
+          const float y1 = _mm_cvtss_f32(_mm_movehdup_ps(y));
+          out[1] = a.bias != nullptr ? y1 + a.bias[col + 1] : y1;
         }
       }
     }
