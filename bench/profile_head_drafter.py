@@ -1,7 +1,7 @@
 """Where a trained head's drafting step goes: torch.profiler around ``propose``.
 
     python bench/profile_head_drafter.py [--workload chat] [--limit 3] [--budget 32 --depth 8]
-                                         [--dense-tables]
+                                         [--numerics fp32|int8] [--no-goodput] [--dense-tables]
 
 Decodes ``limit`` prompts with the shipped head drafter (the first one warms up), prints the
 measured ``propose`` time per step and the profiler's operator table (the ``PROPOSE`` row's self
@@ -13,6 +13,7 @@ Figures in BENCHMARKS.md ("Trained drafters").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -36,6 +37,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=32)
     ap.add_argument("--topk", type=int, default=8)
     ap.add_argument("--depth", type=int, default=8)
+    ap.add_argument("--numerics", default="fp32", choices=("fp32", "int8"))
+    ap.add_argument("--no-goodput", action="store_true", help="draft at every step")
     ap.add_argument(
         "--dense-tables",
         action="store_true",
@@ -46,7 +49,11 @@ def main() -> None:
     tok = loaded.tokenizer
     prompts = load_workload(args.workload, limit=max(2, args.limit))
     spec = TreeSpec(kind="dynamic", budget=args.budget, topk=args.topk, depth=args.depth)
-    built = build(default_plan(loaded).replace(drafter=args.drafter, tree=spec), loaded)
+    plan = default_plan(loaded)
+    engine = dataclasses.replace(plan.engine, numerics=args.numerics)
+    if args.no_goodput:
+        engine = dataclasses.replace(engine, goodput=False)
+    built = build(plan.replace(drafter=args.drafter, tree=spec, engine=engine), loaded)
     drafter = built.make_drafter()
     head = trained_net(drafter)
     if args.dense_tables and head is not None:
