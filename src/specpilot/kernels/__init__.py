@@ -50,10 +50,10 @@ AMX give the same bits). On the AMX path (Intel CPUs with AMX-INT8, Linux granti
 state) calls of Q4_0 / Q4_1 / Q5_0 / Q8_0 weights from 4 rows (6 where k > 1024) take step 3
 from one ``tdpbssd`` tile product per weight block and 16 columns, exact int32 like every other
 path, and steps 4-5 vectorized over the 16 columns, lane by lane (csrc/gemm_q8_amx.cpp).
-On the AVX-512 path Q4_0 / Q4_1 linears with an even n run their blocks packed
-(:attr:`GGUFLinear.packed`, :func:`int8.pack`: the same bytes reordered per pair of columns so
-the blocks-across-lanes schedule loads its transposed vectors and its 16 scales as they are, at
-every row count); the layout changes the schedule only, never a bit
+On the AVX-512 path Q4_0 / Q4_1 / Q8_0 linears with an even n (a tied LM head included) run
+their blocks packed (:attr:`GGUFLinear.packed`, :func:`int8.pack`: the same bytes reordered per
+pair of columns so the blocks-across-lanes schedule loads its transposed vectors and its 16
+scales as they are, at every row count); the layout changes the schedule only, never a bit
 (tests/test_kernels_packed.py). The int8 result differs from the fp32 profile's (activation
 rounding): each profile is its own reference, and plain decoding and speculation must run the
 same one.

@@ -171,7 +171,7 @@ void sp_q8_quantize_avx2(const float* x, int64_t m, int64_t k, int8_t* q, float*
 // group g, the 32 bytes of step t hold, at 4 * j, elements 4t..4t+3 of block 8g + j (zero past
 // the last block).
 void sp_q8_interleave(const int8_t* q, int64_t m, int64_t k, int8_t* qt);
-// n rows of k-wide Q4_0 / Q4_1 blocks (qt, unflagged) into the packed layout above (unpack:
+// n rows of k-wide Q4_0 / Q4_1 / Q8_0 blocks (qt, unflagged) into the packed layout above (unpack:
 // back); src and dst do not overlap and hold n * row_bytes each; n even.
 void sp_q8_pack(const uint8_t* src, int qt, int64_t n, int64_t k, uint8_t* dst, bool unpack);
 // Portable int8-activation GEMM: columns [n0, n1), the profile's reference order.

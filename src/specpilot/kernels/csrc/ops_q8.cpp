@@ -250,8 +250,8 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
   return y;
 }
 
-// The blocks of n rows of k-wide Q4_0 / Q4_1 / Q8_0 weights in the packed layout of the AVX-512 path
-// (gemm_q8.h), or back (unpack): a new tensor of the same size.
+// The blocks of n rows of k-wide Q4_0 / Q4_1 / Q8_0 weights in the packed layout of the AVX-512
+// path (gemm_q8.h), or back (unpack): a new tensor of the same size.
 at::Tensor q8_pack(const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k, bool unpack) {
   const int qt = static_cast<int>(qtype);
   TORCH_CHECK(sp::q8_packable(qt), "specpilot: only Q4_0, Q4_1 and Q8_0 weights pack");
