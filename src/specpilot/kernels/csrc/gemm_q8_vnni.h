@@ -305,8 +305,9 @@ inline __m128 reduce8x2(__m512 v) {
   return _mm_unpacklo_ps(_mm512_castps512_ps128(v), _mm512_extractf32x4_ps(v, 2));
 }
 
-// Prefetch distance of packed weights at m = 1, in column pairs (2, 4, 8 and 16 measured alike
-// on a 70 MB tensor, one core of an EPYC Zen 4).
+// Prefetch distance of packed weights at m = 1, in column pairs. A distance of ~12 KB (17 pairs
+// at k = 576) streamed a 70 MB tensor faster on one core of an EPYC Zen 4, but the model's own
+// linears on 2 threads did not (BENCHMARKS.md, second session of 2026-12-07): not kept.
 constexpr int64_t kPairsAhead = 4;
 
 // Packed weights: columns [c0, c1) for rows [r0, r0 + RB), two column pairs at a time (pairs
