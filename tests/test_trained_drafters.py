@@ -396,3 +396,27 @@ def test_cost_model_replay_of_a_head_reproduces_the_engine(spec: TreeSpec) -> No
         assert [h.shape[0] for h in hidden] == [len(prompt) + len(res.tokens)] * len(TAPS)
         rep = replay_prompt(HeadDrafter(net), prompt, res.tokens, specs, (1, 4, 8), None, hidden)
         assert greedy_steps(rep.plan) == res.steps
+
+
+def test_a_net_built_on_the_meta_device_imports_no_sympy() -> None:
+    """build_net builds on the meta device; an arange there runs torch's Python reference, which
+    imports sympy (~36 MB resident) into every process that loads a drafter."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from specpilot.drafters.feature_net import FeatureNet, FeatureNetConfig\n"
+        "cfg = FeatureNetConfig(kind='head', dim=64, vocab_size=97, taps=(0,), n_heads=4,\n"
+        "                       n_kv_heads=2, head_dim=16, intermediate_size=128, draft_vocab=40)\n"
+        "with torch.device('meta'):\n"
+        "    net = FeatureNet(cfg)\n"
+        "assert net.vocab_ids.shape == (40,) and net.vocab_ids.dtype == torch.long\n"
+        "print('sympy' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    built = FeatureNet(FeatureNetConfig(kind="head", dim=64, vocab_size=97, taps=(0,), n_heads=4,
+                                        n_kv_heads=2, head_dim=16, intermediate_size=128,
+                                        draft_vocab=40))  # fmt: skip
+    assert torch.equal(built.vocab_ids, torch.arange(40))  # off the meta device: the identity

@@ -249,9 +249,12 @@ class FeatureNet(nn.Module):
         self.norm = nn.RMSNorm(d, eps=cfg.rms_eps)
         if cfg.kind == "block":
             self.mask_emb = nn.Parameter(torch.zeros(d))
-        self.register_buffer(
-            "vocab_ids", torch.arange(cfg.draft_vocab or cfg.vocab_size), persistent=True
-        )
+        n_ids = cfg.draft_vocab or cfg.vocab_size
+        # built on the meta device (trained.build_net), arange would run torch's Python
+        # reference, whose checks import sympy (~36 MB resident); the load assigns the ids then
+        meta = torch.get_default_device().type == "meta"
+        ids = torch.empty(n_ids, dtype=torch.long) if meta else torch.arange(n_ids)
+        self.register_buffer("vocab_ids", ids, persistent=True)
         self.embed: Tensor | None = None
         """(vocab, dim) the target's token embedding (frozen, attached; None when native)."""
         self.head: Tensor | None = None
