@@ -17,8 +17,9 @@ pytestmark = pytest.mark.skipif(
 AVX512 = "avx512" in ISAS
 needs_avx512 = pytest.mark.skipif(not AVX512, reason="no AVX-512 VNNI here")
 PACKABLE = ("Q4_0", "Q4_1", "Q8_0")
-# k = 32 (a tail only), 256 (one group, no tail), 576 (SmolLM2: 2 groups + 2), 1536, 800 (3 + 1)
-SHAPES = [(2, 32), (6, 256), (10, 576), (4, 1536), (34, 800)]
+# k = 32 (a tail only), 256 (one group, no tail), 576 (SmolLM2: 2 groups + 2), 1536, 800 (3 + 1),
+# 640 (Gemma 3 270M: 2 + 4), 224 (7 trailing blocks only), 352 (1 + 3)
+SHAPES = [(2, 32), (6, 256), (10, 576), (4, 1536), (34, 800), (6, 640), (4, 224), (2, 352)]
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -173,7 +174,7 @@ def test_a_tied_head_packs_and_the_embedding_reads_the_packed_blocks(n: int, k: 
     emb = kernels.GGUFEmbedding(raw.clone(), qt("Q8_0"), n, k)
     head = TiedHead(emb.blocks, qt("Q8_0"), n, k)
     head.tie(emb)
-    tokens = torch.tensor([[3, 0, n - 1, 4, 3]])
+    tokens = torch.tensor([[3, 0, n - 1, 4, 5, 3, 2]])  # 4, 5 and 3, 2: one pair each
     want_rows = emb(tokens)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(8))
     want = op(x, raw, qt("Q8_0"), n, k)

@@ -93,9 +93,8 @@ def pack(blocks: Tensor, qtype: int, n: int, k: int, unpack: bool = False) -> Te
     """The (n, k) ``qtype`` (Q4_0 / Q4_1 / Q8_0) ``blocks`` reordered into the AVX-512 path's
     packed layout (per pair of columns and group of 8 blocks, the 4 vectors (Q8_0: 8) its
     schedule reads, then the group's 16 scales (and mins); the trailing blocks compacted the same
-    way: csrc/gemm_q8.h), or back
-    with ``unpack``: a new tensor of the same size. The GEMM runs either layout to the same
-    bits, the packed one given ``qtype | PACKED``."""
+    way: csrc/gemm_q8.h), or back with ``unpack``: a new tensor of the same size. The GEMM runs
+    either layout to the same bits, the packed one given ``qtype | PACKED``."""
     return _ops().q8_pack(blocks, int(qtype), int(n), int(k), bool(unpack))
 
 

@@ -218,13 +218,13 @@ void tcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
   }
 }
 
-// Packed weights (sp_q8_pack; Q4_0, Q4_1, Q8_0): one group of 8 blocks (full) or the trailing cnt
-// < 8 blocks of NP column pairs (p at pk[p] + at: a full group's 4 vectors (Q8_0: 8) and 16
+// Packed weights (sp_q8_pack; Q4_0, Q4_1, Q8_0): one group of 8 blocks (full) or the trailing
+// cnt < 8 blocks of NP column pairs (p at pk[p] + at: a full group's 4 vectors (Q8_0: 8) and 16
 // scales (and mins), or the trailing blocks' compact vectors and 2 cnt scales, expanded into
 // lanes j and 8 + j, j < cnt) for RB rows: acc[p * RB + r] half h lane j += the contract's terms
-// of block g + j of column 2p + h. The decoded steps of the NP pairs stay in registers (8 NP of the 32) and
-// each broadcast activation step feeds NP dpbusd; a row's integer sums are exact in any order,
-// so only the float steps below follow the contract (lane by lane, as tgroup).
+// of block g + j of column 2p + h. The decoded steps of the NP pairs stay in registers (8 NP of
+// the 32) and each broadcast activation step feeds NP dpbusd; a row's integer sums are exact in
+// any order, so only the float steps below follow the contract (lane by lane, as tgroup).
 template <class W, int RB, int NP, bool kFull>
 inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at, int64_t r0,
                    int64_t g, int cnt, __m512* acc) {
@@ -281,8 +281,7 @@ inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at
     __m512i sq = _mm512_setzero_si512();
     if constexpr (L > 0) {
       sq = _mm512_slli_epi32(
-          _mm512_broadcast_i32x8(_mm256_maskz_loadu_epi32(kFull ? 0xff : live8, a.x.qsum + off)),
-          L);
+          _mm512_broadcast_i32x8(_mm256_maskz_loadu_epi32(live8, a.x.qsum + off)), L);
     }
     for (int p = 0; p < NP; ++p) {
       __m512i isum = lo[p];

@@ -174,7 +174,7 @@ at::Tensor gguf_matmul_reference(const at::Tensor& x_in, const at::Tensor& block
 }
 
 // Rows of blocks (qtype flagged sp::kQ8Packed: in the int8 GEMM's packed layout, each row read
-// by unpacking its pair of columns into a scratch copy).
+// from its pair of columns unpacked into a scratch copy, once for consecutive rows of a pair).
 at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t qtype_in, int64_t n, int64_t k,
                            const at::Tensor& rows_in) {
   const bool packed = sp::q8_packed(static_cast<int>(qtype_in));
@@ -189,12 +189,15 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t qtype_in, int64_t n
   const uint8_t* base = blocks.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   std::vector<uint8_t> pair(packed ? 2 * rb : 0);
+  int64_t unpacked = -1;  // the pair in `pair`
   for (int64_t i = 0; i < rows.numel(); ++i) {
     TORCH_CHECK(idx[i] >= 0 && idx[i] < n, "specpilot: row index ", idx[i], " out of range");
     const uint8_t* row = base + idx[i] * rb;
     if (packed) {
-      sp_q8_pack(base + (idx[i] & ~int64_t{1}) * rb, static_cast<int>(qtype), 2, k, pair.data(),
-                 true);
+      if (idx[i] / 2 != unpacked) {
+        unpacked = idx[i] / 2;
+        sp_q8_pack(base + 2 * unpacked * rb, static_cast<int>(qtype), 2, k, pair.data(), true);
+      }
       row = pair.data() + (idx[i] & 1) * rb;
     }
     float* dst = o + i * k;
