@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from specpilot.drafters import make_drafter
-from specpilot.engine import Engine, GenerationConfig
+from specpilot.engine import Engine, EngineConfig, GenerationConfig
 from specpilot.loading import load_model
 from specpilot.tree import TreeSpec
 from specpilot.workloads import load_workload
@@ -33,11 +33,12 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=16)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--depth", type=int, default=8)
+    ap.add_argument("--numerics", default="fp32", choices=("fp32", "int8"))
     ap.add_argument("--setting", action="append", default=[], help="TRUST:DEPTH[:MIN_PROB]")
     args = ap.parse_args()
     loaded = load_model(args.model)
     tok = loaded.tokenizer
-    engine = Engine(loaded.model)
+    engine = Engine(loaded.model, EngineConfig(numerics=args.numerics))
     spec = TreeSpec(kind=args.tree, k=args.k, budget=args.budget, topk=args.topk, depth=args.depth)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_on_eos=True)
     eos = tuple(tok.eos_ids)

@@ -192,6 +192,48 @@ def test_shipped_precision_linears_run_on_f16_blocks(
     assert not other.net.half_weights and other.net.native == (None, None)
 
 
+def test_int8_profile_runs_the_drafter_linears_as_q8_0(
+    targets: dict[str, LoadedModel], tmp_path: Path
+) -> None:
+    """In the int8 numerics profile a drafter's linears are Q8_0 GGUFLinears in that profile
+    (quantized from its weights: close to the module's output, each row's bits independent of
+    the rows in the call), counted as such by the floor; speculation stays lossless."""
+    from specpilot.costmodel.roofline import trained_drafter_work
+    from specpilot.engine import EngineConfig
+
+    lm = targets["untied"]
+    m = lm.model
+    saved = save_drafter(make_net("head", lm), tmp_path / "head8", {"test": True})
+    engine = Engine(m, EngineConfig(numerics="int8"))
+    try:
+        drafter = load_trained_drafter(saved, lm)
+        net = drafter.net
+        assert net.q8_weights and not net.half_weights
+        fast = [f for mod in (net, *net.layers) for _, f in mod.fast.values()]
+        assert len(fast) == 6
+        assert all(isinstance(f, kernels.GGUFLinear) and f.qtype == 8 and f.int8 for f in fast)
+        lin, gu = net.layers[0].gate_up, net.layers[0].fast["gate_up"][1]
+        x = torch.randn(20, m.cfg.dim, generator=torch.Generator().manual_seed(3))
+        want, got = lin(x), gu(x)
+        assert float((got - want).norm() / want.norm()) < 0.03  # Q8 weights and activations
+        for rows in (1, 4, 7):
+            assert torch.equal(gu(x[:rows]), got[:rows])
+        big = sum(p.numel() for n, p in net.named_parameters()
+                  if n.startswith(("in_proj", "layers")) and p.dim() == 2)  # fmt: skip
+        own = sum(p.numel() for n, p in net.named_parameters()
+                  if n.startswith(("in_proj", "layers")))  # fmt: skip
+        head = net.native[1]
+        work = trained_drafter_work(net, 1.0)
+        assert work.bytes == (own - big) * 4 + big * 34 // 32 + head.blocks.numel()
+        assert work.int8_flops == 2.0 * (big + head.out_features * head.in_features * head.int8)
+        gen = GenerationConfig(max_new_tokens=16)
+        for prompt in PROMPTS:
+            ref = engine.generate(prompt, gen).tokens
+            assert engine.generate(prompt, gen, drafter=drafter, spec=SPEC).tokens == ref
+    finally:
+        m.set_numerics("fp32")
+
+
 def test_default_plan_on_native_weights_uses_the_goodput_budget(
     targets: dict[str, LoadedModel],
 ) -> None:

@@ -252,16 +252,22 @@ def trained_drafter_work(net: object, forwards_per_step: float) -> Work:
     at least one row), so reads those weights once and does 2 FLOPs per weight of each. The
     fuse projection (committed tokens only) and the embedding lookup are left out: a floor may
     only undercount. Weight bytes are as packed (a bf16 LM head counts 2 bytes per weight; a
-    native target's rows their GGUF block bytes, F16-packed linears 2)."""
+    native target's rows their GGUF block bytes, F16-packed linears 2, Q8_0 ones 34 per 32; int8
+    profile linears count their operations against the int8 peak)."""
     import torch
 
     assert isinstance(net, torch.nn.Module)
-    params, nbytes = 0, 0
+    params, nbytes, q8 = 0, 0, 0
     half = getattr(net, "half_weights", False)  # linears packed as F16 (a native target)
+    q8_0 = getattr(net, "q8_weights", False)  # as Q8_0 in the int8 profile (34 B / 32 weights)
     for name, w in net.named_parameters():
         if name.startswith(("in_proj", "layers.")):
             params += w.numel()
-            nbytes += w.numel() * (2 if half and w.dim() == 2 else w.element_size())
+            if q8_0 and w.dim() == 2:
+                nbytes += w.numel() * 34 // 32
+                q8 += w.numel()
+            else:
+                nbytes += w.numel() * (2 if half and w.dim() == 2 else w.element_size())
     head = getattr(net, "head", None)
     if isinstance(head, torch.Tensor):
         packed = getattr(net, "head_fn", None)
@@ -269,12 +275,11 @@ def trained_drafter_work(net: object, forwards_per_step: float) -> Work:
         params += head.numel()
         nbytes += head.numel() * size
     native_head = getattr(net, "native", (None, None))[1]
-    q8 = 0
     if native_head is not None:  # a native target's LM-head rows, read in their GGUF blocks
         params += native_head.out_features * native_head.in_features
         nbytes += native_head.blocks.numel()
         if getattr(native_head, "int8", False):  # integer dot products: the int8 peak
-            q8 = native_head.out_features * native_head.in_features
+            q8 += native_head.out_features * native_head.in_features
     k = forwards_per_step
     return Work(2.0 * params * k, float(nbytes) * k, 0.0, 2.0 * q8 * k)
 
