@@ -1,5 +1,6 @@
 """The shipped head drafter's linears as F16 blocks (fp32 numerics profile) against Q8_0 blocks
-in the int8 profile, alternating, best of several rounds per shape and row count.
+in the int8 profile (and oneDNN's bf16 GEMM where the CPU has one: what calls of many rows run
+on), alternating, best of several rounds per shape and row count.
 
     python bench/drafter_linears.py [--rows 1 3 4 8 16] [--threads 2] [--rounds 5]
 
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specpilot.drafters.feature_net import _half_linear, _q8_linear
+from specpilot.drafters.feature_net import _bf16_gemm, _Bf16Linear, _half_linear, _q8_linear
 
 SHIPPED = Path(__file__).resolve().parents[1] / "src/specpilot/data/drafters/smollm2-135m-head"
 
@@ -59,23 +60,29 @@ def main() -> None:
         lin = nn.Linear(k, out, bias=False)
         with torch.no_grad():
             lin.weight.copy_((torch.randn(out, k, generator=g) * 0.02).half().float())
-        mods[name] = (_half_linear(lin), _q8_linear(lin))
+        kinds = [_half_linear(lin), _q8_linear(lin)]
+        if _bf16_gemm():
+            kinds.append(_Bf16Linear(lin.weight))
+        mods[name] = tuple(kinds)
     print(f"threads={args.threads}; us per call, best of {args.rounds} alternating rounds")
-    print(f"{'rows':>4s} {'linear':>8s} {'(out, in)':>12s} {'F16':>8s} {'Q8_0':>8s} {'ratio':>6s}")
+    n = len(next(iter(mods.values())))
+    head = ["F16", "Q8_0", "bf16"][:n]
+    print(f"{'rows':>4s} {'linear':>8s} {'(out, in)':>12s} " + " ".join(f"{h:>8s}" for h in head)
+          + f" {'F16/Q8_0':>8s}")  # fmt: skip
     for rows in args.rows:
-        tot = [0.0, 0.0]
-        for name, pair in mods.items():
-            x = torch.randn(rows, pair[0].in_features, generator=g)
-            best = [float("inf")] * 2
+        tot = [0.0] * n
+        for name, kinds in mods.items():
+            x = torch.randn(rows, kinds[0].in_features, generator=g)
+            best = [float("inf")] * n
             for _ in range(args.rounds):
-                for i, mod in enumerate(pair):
+                for i, mod in enumerate(kinds):
                     best[i] = min(best[i], best_us(mod, x))
             tot = [a + b for a, b in zip(tot, best, strict=True)]
-            shape = f"({pair[0].out_features}, {pair[0].in_features})"
-            print(f"{rows:4d} {name:>8s} {shape:>12s} {best[0]:8.1f} {best[1]:8.1f} "
-                  f"{best[0] / best[1]:6.2f}")  # fmt: skip
-        print(f"{rows:4d} {'all six':>8s} {'':>12s} {tot[0]:8.1f} {tot[1]:8.1f} "
-              f"{tot[0] / tot[1]:6.2f}")  # fmt: skip
+            shape = f"({kinds[0].out_features}, {kinds[0].in_features})"
+            print(f"{rows:4d} {name:>8s} {shape:>12s} " + " ".join(f"{b:8.1f}" for b in best)
+                  + f" {best[0] / best[1]:8.2f}")  # fmt: skip
+        print(f"{rows:4d} {'all six':>8s} {'':>12s} " + " ".join(f"{b:8.1f}" for b in tot)
+              + f" {tot[0] / tot[1]:8.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ from specpilot import kernels
 from specpilot.errors import DrafterError
 
 KINDS = ("head", "block")
+Q8_0 = 8
+"""GGML's type id of Q8_0 (the drafter's linears in the int8 profile, :func:`_q8_linear`)."""
 
 
 @dataclass(frozen=True)
@@ -153,26 +155,33 @@ BF16_FROM_ROWS = 16
 """Calls of at least this many rows (a drafter catching up on a prompt or on skipped steps) run
 its F16 linears on oneDNN's bf16 GEMM where the CPU has one (:class:`_RowSwitch`); tests raise
 it to keep the F16 kernel's row-count-invariant bits."""
+BF16_FROM_ROWS_Q8 = 64
+"""The same for Q8_0 linears (the int8 profile): on a 2-core EPYC Zen 4 the shipped head's six
+linears took 1,056 / 2,058 / 3,846 us as Q8_0 against 1,149 / 1,756 / 3,030 us on bf16 at 32 /
+64 / 128 rows (``bench/drafter_linears.py``), Q8_0 ahead below."""
 
 
 class _RowSwitch:
-    """A drafter linear over fp16-exact weights: the F16 kernel (the weights' exact values) for
-    calls of fewer than :data:`BF16_FROM_ROWS` rows; oneDNN bf16 (AMX) from there on, where the
-    F16 kernel's fp32 FMAs bound it (2 threads, 2048x576 alone: 48 vs 56 us at 1 row, 193 vs
-    79 us at 12, 457 vs 135 us at 36; in a head's steady drafts of 4 sequences, 8-12 rows a
-    call, switching from 4 or 8 rows gained nothing, while the catch-up on a prompt went from
-    26 to 15.5 ms). The two round differently, so a draft may depend on how many rows its call
-    had; the target verifies every token, so the output does not."""
+    """A drafter linear on the native kernels (F16 blocks of fp16-exact weights: their exact
+    values; or Q8_0 blocks in the int8 profile) for calls of fewer than :data:`BF16_FROM_ROWS`
+    (Q8_0: :data:`BF16_FROM_ROWS_Q8`) rows; oneDNN bf16 (AMX) from there on, where the F16
+    kernel's fp32 FMAs bound it (2 threads, 2048x576 alone: 48 vs 56 us at 1 row, 193 vs 79 us
+    at 12, 457 vs 135 us at 36; in a head's steady drafts of 4 sequences, 8-12 rows a call,
+    switching from 4 or 8 rows gained nothing, while the catch-up on a prompt went from 26 to
+    15.5 ms). The two round differently, so a draft may depend on how many rows its call had;
+    the target verifies every token, so the output does not."""
 
-    def __init__(self, half: kernels.GGUFLinear, weight: Tensor) -> None:
-        self.f16, self.bf16 = half, _Bf16Linear(weight)
-        self.in_features = half.in_features
-        self._f16 = half.forward  # called directly: a module call costs ~5 us, drafting ~20 a step
+    def __init__(self, native: kernels.GGUFLinear, weight: Tensor) -> None:
+        self.native, self.bf16 = native, _Bf16Linear(weight)
+        self.in_features = native.in_features
+        self.q8 = native.qtype == Q8_0
+        self._native = native.forward  # called directly: a module call costs ~5 us, ~20 a step
         self._bf16 = self.bf16.forward
 
     def __call__(self, x: Tensor) -> Tensor:
         rows = x.numel() // self.in_features
-        return self._f16(x) if rows < BF16_FROM_ROWS else self._bf16(x)  # type: ignore[no-any-return]
+        most = BF16_FROM_ROWS_Q8 if self.q8 else BF16_FROM_ROWS
+        return self._native(x) if rows < most else self._bf16(x)  # type: ignore[no-any-return]
 
 
 @functools.lru_cache(maxsize=16)
@@ -327,7 +336,8 @@ class FeatureNet(nn.Module):
         :class:`~specpilot.kernels.GGUFLinear` instead (half the bytes, the same values), with
         calls of several rows on oneDNN's bf16 GEMM where the CPU has one (:class:`_RowSwitch`);
         on a native target in the int8 numerics profile every linear runs as a Q8_0 GGUFLinear
-        in that profile (:func:`_q8_linear`; :attr:`q8_weights`). The GEMV -> GEMM switch of
+        in that profile instead (:func:`_q8_linear`; :attr:`q8_weights`; bf16 from
+        :data:`BF16_FROM_ROWS_Q8` rows). The GEMV -> GEMM switch of
         stock linears repacks weights per call, which dominated drafting. Used only without
         autograd and while the weights are unchanged (a training step bumps their version and
         the module itself is used again). Returns whether anything was packed;
@@ -345,7 +355,7 @@ class FeatureNet(nn.Module):
         if not (half or onednn):
             return False
         kinds = set()
-        bf16 = onednn and _bf16_gemm() and not q8
+        bf16 = onednn and _bf16_gemm()
         for mod in (self, *self.layers):
             mod.fast = {}
             for name, lin in mod.named_children():
@@ -418,10 +428,6 @@ def _width(table: Tensor | nn.Module, attr: str) -> int:
 def _dense(table: Tensor | nn.Module) -> Tensor:
     """A dense table as is; a module's fp32 ``.weight`` (a native one makes a copy)."""
     return table if isinstance(table, Tensor) else table.weight
-
-
-Q8_0 = 8
-"""GGML's type id of Q8_0 (the drafter's linears in the int8 profile, :func:`_q8_linear`)."""
 
 
 def _q8_linear(lin: nn.Linear) -> kernels.GGUFLinear | None:
