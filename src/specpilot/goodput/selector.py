@@ -88,11 +88,12 @@ class Selector:
     bound_skips: int = 0
     perfect_depth: int = 8
     """The depth of the perfect chain :meth:`could_pay` judges by before anything was drafted."""
-    cheap_draft: float = 0.03
+    cheap_draft: float = 0.01
     """Drafting that costs at most this fraction of a plain step (all drafting sequences
     together) runs every step, for every sequence, even while plain decoding wins: probing by
-    backoff saves next to nothing there and misses the start of a copy run (a suffix drafter
-    drafts in ~0.1 ms against an 8 ms step)."""
+    backoff saves next to nothing there and misses the start of a copy run. (At 3%, a suffix
+    part of 0.1-0.2 ms against a 7.4 ms step ran on every step of sampled chat, where it never
+    paid: 2-3% of the time. Dearer parts are judged by their edge, :meth:`cheap_tier`.)"""
     _every: bool = False
     cheap_s: float = 0.0
     """Moving average of a tiered drafter's cheap part drafting alone, seconds per sequence
@@ -114,7 +115,10 @@ class Selector:
     drafts of tiered drafters (:meth:`cheap_tier`); None until the first."""
     cheap_gap: int = 0
     """Steps between the cheap parts' probes while their edge is below 0 (0: ``probe_every``),
-    doubled after each probe up to ``max_probe_gap``, reset when the edge turns positive."""
+    doubled after each probe up to ``max_cheap_gap``, reset when the edge turns positive."""
+    max_cheap_gap: int = 16
+    """The cheap parts' longest gap between probes: a probe costs one cheap draft (~0.1-0.4 ms,
+    no catch-up worth the name), and each step of the gap can miss the start of a copy run."""
     cheap_idle: int = 0
     """Steps the cheap parts sat out since their last draft (:meth:`cheap_tier`)."""
 
@@ -153,7 +157,8 @@ class Selector:
         drafter (:attr:`cheap_gap`): the edge is only updated by drafting, and without probes
         one unpaid patch sat the suffix part out for the rest of the sequence, the copy runs
         that come later in a HumanEval answer included (tau 1.17 with the head against 1.52
-        for the suffix drafter alone, once a plain step cost 4.4 ms and a suffix draft 0.3)."""
+        for the suffix drafter alone, once a plain step cost 4.4 ms and a suffix draft 0.3);
+        their gap grows to :attr:`max_cheap_gap` only."""
         if self.cheap_s * batch <= self.cheap_draft * self.curve(batch):
             return True
         if self.cheap_edge is None or self.cheap_edge > 0:
@@ -163,7 +168,7 @@ class Selector:
             return False
         self.cheap_idle = 0
         gap = self.cheap_gap or self.probe_every
-        self.cheap_gap = min(max(self.max_probe_gap, self.probe_every), 2 * gap)
+        self.cheap_gap = min(max(self.max_cheap_gap, self.probe_every), 2 * gap)
         return True
 
     def cheap(self, batch: int = 1) -> bool:
