@@ -622,13 +622,13 @@ def test_idle_value_prices_a_token_by_the_makespan() -> None:
     """With a queue a token is worth a batch slot's share of a step; with none waiting only the
     row it saves: nodes that pay by the share do not by the makespan."""
     flat = CostCurve([1, 8, 16, 32], [0.020, 0.024, 0.030, 0.044])  # ~1 ms a row past 16
-    sel = Selector(flat)
+    sel = Selector(flat, seq_share=0.0)  # rows only (a sequence's own cost: the next tests)
     assert sel.idle_value(1) == 1.0
     v = sel.idle_value(32)
     assert 0 < v < 1 and math.isclose(v, (0.044 - flat(31)) * 32 / 0.044)
     trees = [DraftTree.chain([1], [math.log(0.9)]) for _ in range(32)]
     assert sum(t.size for t in sel.select(trees, packed=True)) > 0  # a queue: 0.9 x 1.4 ms > 0.9 ms
-    sel = Selector(flat)
+    sel = Selector(flat, seq_share=0.0)
     sel.token_value = v
     assert sum(t.size for t in sel.select(trees, packed=True)) == 0
     assert sel.recent and max(map(sum, sel.recent)) == pytest.approx(0.9, abs=0.1)  # raw gains
@@ -770,6 +770,31 @@ def test_a_first_step_that_no_draft_could_pay_for_does_not_draft() -> None:
     sel.token_value = 1.0  # a queue: a token is worth a slot's share of the step
     sel.idle = sel.max_probe_gap
     assert sel.should_draft(32)  # its probe drafts
-    cheap_rows = Selector(CostCurve([1, 8, 16, 32, 64], [0.010, 0.0101, 0.0102, 0.0104, 0.0108]))
+    cheap_rows = Selector(CostCurve([1, 8, 16, 32, 64], [0.010, 0.0101, 0.0102, 0.0104, 0.0108]),
+                          seq_share=0.0)  # nothing but rows costs
     cheap_rows.token_value = cheap_rows.idle_value(32)
     assert cheap_rows.should_draft(32)
+
+
+def test_a_sequence_with_nodes_costs_a_share_of_a_step_beside_its_rows() -> None:
+    """A packed batch's step costs its rows (the curve) plus, per sequence with nodes, a share of
+    a one-row step (accepting and committing its tree): nodes over 32 sequences that pay by the
+    rows alone do not; the curve learns the rows' cost only."""
+
+    def cost(rows: int) -> float:
+        return 0.010 + 0.001 * rows
+
+    def curve() -> CostCurve:
+        return CostCurve([1, 8, 16, 32, 64], [cost(r) for r in (1, 8, 16, 32, 64)])
+
+    sure = [DraftTree.chain([1], [math.log(0.95)])] * 32
+    rows_only = Selector(curve(), seq_share=0.0)
+    assert sum(t.size for t in rows_only.select(sure, packed=True)) > 0
+    sel = Selector(curve(), seq_share=0.2)  # 2.2 ms a sequence
+    assert sel.seq_cost() == pytest.approx(0.2 * cost(1))
+    assert sum(t.size for t in sel.select(sure, packed=True)) == 0
+    one = [DraftTree.chain([1, 2], [0.0, 0.0])] * 8 + [DraftTree.empty()] * 24
+    for _ in range(30):  # 48 rows, 8 sequences with nodes, as the model says
+        sel.observe(one, [[]] * 32, cost(48) + 8 * sel.seq_cost(), packed=True)
+    assert sel.curve(48) == pytest.approx(cost(48), rel=0.01)
+    assert sel.log[-1][2] == pytest.approx(cost(48) + 8 * sel.seq_cost(), rel=0.01)

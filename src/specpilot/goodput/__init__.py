@@ -16,10 +16,12 @@ Three parts, each a small pure piece (the engines own the state):
   drafting) included, with hysteresis (:class:`Selector`) so the choice does not flap.
 
 Rows. A packed batched verify (``specpilot.verify``, ``packed=True``) costs the rows its trees
-have, ``B + nodes``: :func:`choose_packed` spends nodes where they pay most over the whole
-batch. Padded, every sequence costs the widest tree's rows, ``B * (w + 1)``: :func:`choose` picks
-``w`` and keeps each sequence's ``w`` best nodes. One sequence is the same rule with ``B = 1``:
-a drafter that rarely matches decays to plain decoding.
+have, ``B + nodes``, plus a share of a one-row step per sequence with nodes (accepting and
+committing its tree: :attr:`Selector.seq_share`): :func:`choose_packed` spends nodes where
+they pay most over the whole batch. Padded, every sequence costs the widest tree's rows,
+``B * (w + 1)``: :func:`choose` picks ``w`` and keeps each sequence's ``w`` best nodes. One
+sequence is the same rule with ``B = 1``: a drafter that rarely matches decays to plain
+decoding.
 
 Lossless: the selector only drops draft nodes (a subtree of the drafter's tree); verification
 and acceptance are unchanged, so the output is plain decoding's token for token.

@@ -127,14 +127,18 @@ def choose_packed(
     curve: CostCurve,
     draft_s: float,
     max_nodes: int | None = None,
+    seq_s: float = 0.0,
 ) -> tuple[Choice, list[int]]:
     """Packed verify (rows = B + nodes): the ``n`` nodes of highest gain over the whole batch
-    maximizing ``(B + their gains) / (curve(B + n) + draft_s if n > 0)``; the choice and the
-    nodes it gives each sequence.
+    maximizing ``(B + their gains) / (curve(B + n) + seq_s * S + draft_s if n > 0)``, ``S`` the
+    sequences those nodes fall in (``seq_s``: what verifying a tree costs a sequence beside
+    its rows: accepting and committing it); the choice and the nodes it gives each sequence.
 
     >>> curve = CostCurve([1, 4, 8], [0.010, 0.011, 0.020])
     >>> choose_packed([[0.9, 0.2], [0.8, 0.1]], curve, draft_s=0.0)[1]
     [1, 1]
+    >>> choose_packed([[0.9, 0.2], [0.8, 0.1]], curve, draft_s=0.0, seq_s=0.005)[1]  # too dear
+    [0, 0]
     """
     b = len(gains)
     items = sorted(((g, i) for i, gs in enumerate(gains) for g in gs), reverse=True)
@@ -142,9 +146,11 @@ def choose_packed(
         items = items[:max_nodes]
     best, best_n = Choice(0, curve(b), float(b)), 0
     acc = 0.0
-    for n, (g, _) in enumerate(items, start=1):
+    seqs: set[int] = set()
+    for n, (g, i) in enumerate(items, start=1):
         acc += g
-        c = Choice(n, curve(b + n) + draft_s, b + acc)
+        seqs.add(i)
+        c = Choice(n, curve(b + n) + seq_s * len(seqs) + draft_s, b + acc)
         if c.goodput > best.goodput:
             best, best_n = c, n
     counts = [0] * b

@@ -122,6 +122,15 @@ class Selector:
     cheap_idle: int = 0
     """Steps the cheap parts sat out since their last draft (:meth:`cheap_tier`)."""
 
+    seq_share: float = 0.05
+    """What a sequence with draft nodes adds to a packed verify step beside its rows (accepting
+    and committing its tree, its own attention call), as a share of a one-row step
+    (:meth:`seq_cost`). The curve is measured on one sequence and misses it: on a 2-core EPYC,
+    64 rows cost 78 ms in one sequence and 92 ms in 32 (``bench/verify_shapes.py``), ~0.43 ms
+    a sequence against a 7.5 ms one-row step, and at 32 sequences the budget chose steps of
+    48-136 rows predicted at 63-126 ms that took 77-169 (0.93x batched plain decoding). Learned
+    online beside the curve it was not identifiable (a sequence's nodes grow the rows too, and
+    the curve took all of it), so it is this measured share."""
     token_value: float = 1.0
     """What one accepted draft token is worth against a plain step's token (a batch slot's
     share of the step) on this step: 1 while a freed slot is refilled (a queue, or unknown),
@@ -254,7 +263,7 @@ class Selector:
         best = [g * self.token_value for g in best]
         gains = [best] * k + [[] for _ in range(batch - k)]
         if batch > 1:
-            return choose_packed(gains, self.curve, cost * k)[0].width > 0
+            return choose_packed(gains, self.curve, cost * k, seq_s=self.seq_cost())[0].width > 0
         return choose(gains, self.curve, cost).width > 0
 
     def _skip_probe(self) -> bool:
@@ -354,7 +363,7 @@ class Selector:
 
         def pick(limit: int | None) -> tuple[Choice, list[int]]:
             if packed:
-                return choose_packed(gains, self.curve, draft_s, limit)
+                return choose_packed(gains, self.curve, draft_s, limit, self.seq_cost())
             c = choose(gains, self.curve, draft_s, limit)
             return c, [c.width] * len(gains)
 
@@ -429,11 +438,18 @@ class Selector:
                     self.shadow.advance(key, toks, self.stats)
         width = max((t.size for t in trees), default=0)
         rows = len(trees) + sum(t.size for t in trees) if packed else len(trees) * (1 + width)
-        self.log.append((len(trees), rows, self.curve(rows), verify_s))
+        seqs = sum(t.size > 0 for t in trees) if packed and len(trees) > 1 else 0
+        extra = self.seq_cost() * seqs  # not the rows': the curve learns the rows' cost
+        self.log.append((len(trees), rows, self.curve(rows) + extra, verify_s))
         del self.log[:-256]
         self.steps += 1
         self.plain_steps += width == 0
-        self.curve.observe(rows, verify_s)
+        self.curve.observe(rows, verify_s - extra)
+
+    def seq_cost(self) -> float:
+        """Seconds a sequence with draft nodes adds to a packed verify step beside its rows
+        (:attr:`seq_share` of a one-row step)."""
+        return self.seq_share * self.curve(1)
 
     def summary(self) -> dict[str, Any]:
         """Steps, plain steps, mean predicted and measured verify time of the logged steps, the
