@@ -798,3 +798,18 @@ def test_a_sequence_with_nodes_costs_a_share_of_a_step_beside_its_rows() -> None
         sel.observe(one, [[]] * 32, cost(48) + 8 * sel.seq_cost(), packed=True)
     assert sel.curve(48) == pytest.approx(cost(48), rel=0.01)
     assert sel.log[-1][2] == pytest.approx(cost(48) + 8 * sel.seq_cost(), rel=0.01)
+
+
+def test_no_cheap_probe_where_no_draft_could_pay_with_nothing_waiting() -> None:
+    """While a token is worth less than a step's share (nothing waiting), the cheap parts'
+    probes are skipped when not even certain chains could pay for their drafting; with a
+    queue they run."""
+    flat = CostCurve([1, 8, 16, 32, 64], [0.020, 0.024, 0.030, 0.044, 0.080])
+    sel = Selector(flat)
+    sel.note_draft(0.0004, cheap=True)  # past cheap_draft: judged by its edge
+    sel.recent = [[0.9, 0.8]]
+    sel.cheap_edge = -0.1  # its trees did not pay lately
+    sel.token_value = sel.idle_value(32)
+    assert not any(sel.cheap_tier(32) for _ in range(40))
+    sel.token_value = 1.0
+    assert any(sel.cheap_tier(32) for _ in range(40))

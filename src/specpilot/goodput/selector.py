@@ -178,7 +178,22 @@ class Selector:
         self.cheap_idle = 0
         gap = self.cheap_gap or self.probe_every
         self.cheap_gap = min(max(self.max_cheap_gap, self.probe_every), 2 * gap)
-        return True
+        return self.token_value >= 1 or self._cheap_could_pay(batch)
+
+    def _cheap_could_pay(self, batch: int) -> bool:
+        """Whether the cheap parts' probe could choose nodes in the best case: every sequence a
+        chain of certain nodes as deep as the widest tree seen lately, at the cheap parts'
+        drafting cost for all ``batch`` sequences. Asked at their probes while a token is worth
+        less than a step's share (:meth:`idle_value`): at 32 sequences with nothing waiting
+        no node pays, and a probe every 16 steps drafted for all 32 (~0.4 ms each)."""
+        if not self.recent or self.cheap_s <= 0:
+            return True
+        best = [self.token_value] * max(map(len, self.recent))
+        if batch > 1:
+            gains = [best] * batch
+            cost = self.cheap_s * batch
+            return choose_packed(gains, self.curve, cost, seq_s=self.seq_cost())[0].width > 0
+        return choose([best], self.curve, self.cheap_s).width > 0
 
     def cheap(self, batch: int = 1) -> bool:
         """Whether drafting for ``batch`` sequences is cheap enough to run every step
