@@ -2,11 +2,14 @@
 ``BatchEngine.step`` (drafting, the verify forward, the budget's bookkeeping) per mode.
 
     python bench/batch_phases.py BATCH --threads 2 --workload chat --numerics int8 \\
-        [--max-new-tokens 128] [--rounds 3] [--server-like]
+        [--max-new-tokens 128] [--rounds 3] [--server-like] [--node-steps]
 
 Takes ``specpilot bench``'s flags after the batch size; 32 prompts. ``--server-like`` leaves the
-queue length unknown at every step, as ``specpilot serve`` does. A diagnostic (it patches the
-engine's methods with timers); totals include prefill.
+queue length unknown at every step, as ``specpilot serve`` does. ``--node-steps`` also prints
+every speculative step that verified draft nodes: sequences, rows, the selector's predicted and
+the measured verify ms, its curve's plain step for that many sequences, and the tokens it
+predicted and the step committed. A diagnostic (it patches the engine's methods with timers);
+totals include prefill.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ def main() -> None:
     ap.add_argument("batch", type=int)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--server-like", action="store_true")
+    ap.add_argument("--node-steps", action="store_true")
     own, rest = ap.parse_known_args(sys.argv[1:])
     args = build_parser().parse_args(["bench", "--batch-size", str(own.batch), *rest])
     loaded, engine, cands, _ = _setup(args)
@@ -53,6 +57,18 @@ def main() -> None:
 
         setattr(obj, name, g)
 
+    node_steps: list[tuple[int, int, float, float, float, float, int]] = []
+    if own.node_steps:
+        observe = Selector.observe
+
+        def logged(self, trees, paths, *a, **k):  # type: ignore[no-untyped-def]
+            observe(self, trees, paths, *a, **k)
+            if any(t.size for t in trees):
+                b, rows, pred, act = self.log[-1]
+                node_steps.append((b, rows, 1e3 * pred, 1e3 * act, 1e3 * self.curve(b),
+                                   self.last.predicted_tokens, b + sum(map(len, paths))))
+
+        Selector.observe = logged  # type: ignore[method-assign]
     timed(BatchEngine, "_propose", "propose")
     timed(batch_mod, "verify_step", "verify")
     timed(Selector, "observe", "observe")
@@ -78,6 +94,11 @@ def main() -> None:
     for mode, t in total.items():
         parts = {k: f"{v:.3f}" for (m, k), v in spent.items() if m == mode}
         print(f"{mode:5s} total {t:.2f} s  {parts}")
+    if own.node_steps:
+        print("node steps: sequences, rows, predicted / measured / plain ms, predicted / "
+              "committed tokens")
+        for b, rows, pred, act, plain, want, got in node_steps:
+            print(f"{b:3d} {rows:4d} {pred:7.1f} {act:7.1f} {plain:7.1f} {want:7.2f} {got:4d}")
 
 
 if __name__ == "__main__":

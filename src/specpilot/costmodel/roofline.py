@@ -256,6 +256,8 @@ def trained_drafter_work(net: object, forwards_per_step: float) -> Work:
     profile linears count their operations against the int8 peak)."""
     import torch
 
+    from specpilot.kernels.linear import QTYPES, row_bytes
+
     assert isinstance(net, torch.nn.Module)
     params, nbytes, q8 = 0, 0, 0
     half = getattr(net, "half_weights", False)  # linears packed as F16 (a native target)
@@ -264,7 +266,7 @@ def trained_drafter_work(net: object, forwards_per_step: float) -> Work:
         if name.startswith(("in_proj", "layers.")):
             params += w.numel()
             if q8_0 and w.dim() == 2:
-                nbytes += w.numel() * 34 // 32
+                nbytes += w.shape[0] * row_bytes(QTYPES["Q8_0"], w.shape[1])
                 q8 += w.numel()
             else:
                 nbytes += w.numel() * (2 if half and w.dim() == 2 else w.element_size())

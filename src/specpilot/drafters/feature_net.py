@@ -49,8 +49,6 @@ from specpilot import kernels
 from specpilot.errors import DrafterError
 
 KINDS = ("head", "block")
-Q8_0 = 8
-"""GGML's type id of Q8_0 (the drafter's linears in the int8 profile, :func:`_q8_linear`)."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +172,7 @@ class _RowSwitch:
     def __init__(self, native: kernels.GGUFLinear, weight: Tensor) -> None:
         self.native, self.bf16 = native, _Bf16Linear(weight)
         self.in_features = native.in_features
-        self.q8 = native.qtype == Q8_0
+        self.q8 = native.qtype == kernels.QTYPES["Q8_0"]
         self._native = native.forward  # called directly: a module call costs ~5 us, ~20 a step
         self._bf16 = self.bf16.forward
 
@@ -337,11 +335,11 @@ class FeatureNet(nn.Module):
         calls of several rows on oneDNN's bf16 GEMM where the CPU has one (:class:`_RowSwitch`);
         on a native target in the int8 numerics profile every linear runs as a Q8_0 GGUFLinear
         in that profile instead (:func:`_q8_linear`; :attr:`q8_weights`; bf16 from
-        :data:`BF16_FROM_ROWS_Q8` rows). The GEMV -> GEMM switch of
-        stock linears repacks weights per call, which dominated drafting. Used only without
-        autograd and while the weights are unchanged (a training step bumps their version and
-        the module itself is used again). Returns whether anything was packed;
-        :attr:`half_weights` says whether all the linears run on F16 weights."""
+        :data:`BF16_FROM_ROWS_Q8` rows). The GEMV -> GEMM switch of stock linears repacks
+        weights per call, which dominated drafting. Used only without autograd and while the
+        weights are unchanged (a training step bumps their version and the module itself is
+        used again). Returns whether anything was packed; :attr:`half_weights` and
+        :attr:`q8_weights` say whether all the linears run on F16 or Q8_0 weights."""
         from specpilot.kernels.onednn import PackedLinear, onednn_available
 
         if self.norm.weight.device.type != "cpu" or self.norm.weight.dtype != torch.float32:
@@ -366,7 +364,7 @@ class FeatureNet(nn.Module):
                     fast = _half_linear(lin)
                 if fast is None and onednn:
                     fast = PackedLinear(lin.weight, lin.bias)
-                q8_0 = isinstance(fast, kernels.GGUFLinear) and fast.qtype == Q8_0
+                q8_0 = isinstance(fast, kernels.GGUFLinear) and fast.qtype == kernels.QTYPES["Q8_0"]
                 kinds.add("Q8_0" if q8_0 else type(fast).__name__)
                 if isinstance(fast, kernels.GGUFLinear) and bf16 and lin.bias is None:
                     fast = _RowSwitch(fast, lin.weight)
@@ -444,7 +442,7 @@ def _q8_linear(lin: nn.Linear) -> kernels.GGUFLinear | None:
     if k % 32:
         return None
     blocks = torch.from_numpy(quantize(w.numpy(), GGMLQuantizationType.Q8_0)).reshape(-1)
-    fast = kernels.GGUFLinear(blocks, Q8_0, out, k, lin.bias, name="drafter")
+    fast = kernels.GGUFLinear(blocks, kernels.QTYPES["Q8_0"], out, k, lin.bias, name="drafter")
     fast.profile = "int8"
     return fast
 

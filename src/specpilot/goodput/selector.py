@@ -188,12 +188,7 @@ class Selector:
         no node pays, and a probe every 16 steps drafted for all 32 (~0.4 ms each)."""
         if not self.recent or self.cheap_s <= 0:
             return True
-        best = [self.token_value] * max(map(len, self.recent))
-        if batch > 1:
-            gains = [best] * batch
-            cost = self.cheap_s * batch
-            return choose_packed(gains, self.curve, cost, seq_s=self.seq_cost())[0].width > 0
-        return choose([best], self.curve, self.cheap_s).width > 0
+        return self._pays([1.0] * max(map(len, self.recent)), batch, batch, self.cheap_s)
 
     def cheap(self, batch: int = 1) -> bool:
         """Whether drafting for ``batch`` sequences is cheap enough to run every step
@@ -274,7 +269,12 @@ class Selector:
             best = [1.0] * max(map(len, self.recent))
         else:
             best = max(self.recent, key=sum)  # gains as calibrated when drafted
-        k = min(batch, max(1, self.probe_sequences))
+        return self._pays(best, min(batch, max(1, self.probe_sequences)), batch, cost)
+
+    def _pays(self, best: list[float], k: int, batch: int, cost: float) -> bool:
+        """Whether ``k`` of ``batch`` sequences, each proposing a tree of node gains ``best``
+        (valued at :attr:`token_value`) at ``cost`` seconds of drafting each, would verify
+        nodes."""
         best = [g * self.token_value for g in best]
         gains = [best] * k + [[] for _ in range(batch - k)]
         if batch > 1:
