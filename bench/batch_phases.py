@@ -73,6 +73,8 @@ def main() -> None:
     timed(batch_mod, "verify_step", "verify")
     timed(Selector, "observe", "observe")
     timed(BatchEngine, "step", "step")
+    timed(BatchEngine, "add", "add")
+    timed(BatchEngine, "remove", "remove")
     if own.server_like:
         step = BatchEngine.step
 

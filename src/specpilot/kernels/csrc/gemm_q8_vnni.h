@@ -237,13 +237,21 @@ inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at
   const auto ld16 = [](const uint8_t* q, __mmask16 k) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, q));
   };
+  // the trailing blocks' 2 cnt words into lanes j and 8 + j (j < cnt): a masked load and a
+  // permute (an expanding load is microcoded on some cores: the tail then cost ~2 full groups)
+  const __mmask16 words = static_cast<__mmask16>((1u << (2 * cnt)) - 1);
+  const __m512i spread = _mm512_add_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
+      _mm512_maskz_set1_epi32(static_cast<__mmask16>(0xff00), cnt));
   __m512i z[NP][8];
   __m512 sa[NP], sb[NP];
   for (int p = 0; p < NP; ++p) {
     const uint8_t* b = pk[p] + at;
     for (int w = 0; w < V; ++w) {
-      const __m512i v = kFull ? _mm512_loadu_si512(b + 64 * w)
-                              : _mm512_maskz_expandloadu_epi32(live, b + 8 * cnt * w);
+      const __m512i v =
+          kFull ? _mm512_loadu_si512(b + 64 * w)
+                : _mm512_maskz_permutexvar_epi32(
+                      live, spread, _mm512_maskz_loadu_epi32(words, b + 8 * cnt * w));
       if constexpr (V == 4) {
         z[p][w] = _mm512_and_si512(v, low);
         z[p][w + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low);
@@ -255,10 +263,9 @@ inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at
       sa[p] = ld16(b + 64 * V, 0xffff);
       if constexpr (W::kMin) sb[p] = ld16(b + 64 * V + 32, 0xffff);
     } else {
-      const __mmask16 halves = static_cast<__mmask16>((1u << (2 * cnt)) - 1);
-      sa[p] = _mm512_maskz_expand_ps(live, ld16(b + 8 * cnt * V, halves));
+      sa[p] = _mm512_maskz_permutexvar_ps(live, spread, ld16(b + 8 * cnt * V, words));
       if constexpr (W::kMin) {
-        sb[p] = _mm512_maskz_expand_ps(live, ld16(b + 8 * cnt * V + 4 * cnt, halves));
+        sb[p] = _mm512_maskz_permutexvar_ps(live, spread, ld16(b + 8 * cnt * V + 4 * cnt, words));
       }
     }
   }
@@ -309,42 +316,157 @@ inline __m128 reduce8x2(__m512 v) {
 // linears on 2 threads did not (BENCHMARKS.md, second session of 2026-12-07): not kept.
 constexpr int64_t kPairsAhead = 4;
 
+// The trailing group of T = 1, 2 or 4 blocks (k / 32 % 8) of Q = 8 / T column pairs at once:
+// their packed tails hold 2T words per pair and vector (column c, block j at word T c + j), so
+// the Q pairs' words fill one 512-bit vector (pair q at lanes 2T q ..), and step t's activation
+// words (the tail group's first T words of step t, sp_q8_interleave) repeat every T lanes. Eight
+// dpbusd per row then give every lane its block's exact int32 sum (instead of eight per pair,
+// in T of its 8 lanes); sums[r] holds row r0 + r's, dense, for ptail_apply. Pairs past the
+// last (index last) repeat it.
+template <class W, int RB>
+inline void ptail_sums(const sp::Q8GemmArgs& a, int64_t pair0, int64_t last, int64_t at,
+                       int64_t r0, int T, __m512i* sums) {
+  const int64_t nb = a.x.k / 32, xs = (nb + 7) / 8 * 256, pair = 2 * a.row_bytes;
+  constexpr int V = kNibbles<W> ? 4 : 8;
+  const int Q = 8 / T, bytes = 8 * T;  // a pair's words of one vector: 2T, 8T bytes
+  const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __mmask16 words = static_cast<__mmask16>((1u << (2 * T)) - 1);
+  const uint8_t* src[8];  // pair q's tail, shifted so that its words land at lane 2T q
+  for (int q = 0; q < Q; ++q) {
+    const int64_t pi = pair0 + q <= last ? pair0 + q : last;
+    src[q] = a.w + pi * pair + at - static_cast<int64_t>(bytes) * q;
+  }
+  __m512i z[8];
+  for (int w = 0; w < V; ++w) {
+    __m512i v = _mm512_setzero_si512();
+    for (int q = 0; q < Q; ++q) {
+      v = _mm512_mask_loadu_epi32(v, static_cast<__mmask16>(words << (2 * T * q)),
+                                  src[q] + static_cast<int64_t>(bytes) * w);
+    }
+    if constexpr (V == 4) {
+      z[w] = _mm512_and_si512(v, low);
+      z[w + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low);
+    } else {
+      z[w] = _mm512_xor_si512(v, flip);  // Q8_0 as w + 128
+    }
+  }
+  const __m512i rep = _mm512_setr_epi32(0, 1 % T, 2 % T, 3 % T, 4 % T, 5 % T, 6 % T, 7 % T,
+                                        8 % T, 9 % T, 10 % T, 11 % T, 12 % T, 13 % T, 14 % T,
+                                        15 % T);
+  for (int r = 0; r < RB; ++r) {
+    const int8_t* xr = a.x.qt + (r0 + r) * xs + nb / 8 * 256;
+    __m512i lo = _mm512_setzero_si512();
+    for (int t = 0; t < 8; ++t) {
+      const __m512i xv = _mm512_permutexvar_epi32(rep, _mm512_castsi256_si512(load32(xr + 32 * t)));
+      lo = _mm512_dpbusd_epi32(lo, z[t], xv);
+    }
+    sums[r] = lo;
+  }
+}
+
+// The trailing group's float steps for NP pairs (pk[p] + at: their tails) from ptail_sums' sums
+// (pair p at dense index q[p]): pgroup's tail terms, lane by lane, from the same integer sums.
+template <class W, int RB, int NP>
+inline void ptail_apply(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at, int64_t r0,
+                        int T, const int* q, const __m512i* sums, __m512* acc) {
+  const int64_t nb = a.x.k / 32, g = nb / 8 * 8;
+  const __mmask8 live8 = static_cast<__mmask8>((1u << T) - 1);
+  const __mmask16 live = static_cast<__mmask16>(live8 | (live8 << 8));
+  const __mmask16 words = static_cast<__mmask16>((1u << (2 * T)) - 1);
+  constexpr int L = toffset_log2<W>();
+  constexpr int V = kNibbles<W> ? 4 : 8;
+  const auto ld16 = [](const uint8_t* p, __mmask16 k) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, p));
+  };
+  // lane 8 c + j (j < T) of a pair's accumulator <- its dense word T c + j
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+  const __m512i spread =
+      _mm512_add_epi32(lane, _mm512_maskz_set1_epi32(static_cast<__mmask16>(0xff00), T));
+  __m512 sa[NP], sb[NP];
+  __m512i idx[NP];
+  for (int p = 0; p < NP; ++p) {
+    const uint8_t* b = pk[p] + at;
+    sa[p] = _mm512_maskz_permutexvar_ps(live, spread, ld16(b + 8 * T * V, words));
+    sb[p] = _mm512_setzero_ps();
+    if constexpr (W::kMin) {
+      sb[p] = _mm512_maskz_permutexvar_ps(live, spread, ld16(b + 8 * T * V + 4 * T, words));
+    }
+    idx[p] = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * T * q[p]));
+  }
+  for (int r = 0; r < RB; ++r) {
+    const int64_t off = (r0 + r) * nb + g;
+    const __m512 dx = _mm512_broadcast_f32x8(_mm256_maskz_loadu_ps(live8, a.x.d + off));
+    __m512 sx = _mm512_setzero_ps();
+    if constexpr (W::kMin) {
+      sx = _mm512_broadcast_f32x8(_mm256_maskz_loadu_ps(live8, a.x.s + off));
+    }
+    __m512i sq = _mm512_setzero_si512();
+    if constexpr (L > 0) {
+      sq = _mm512_slli_epi32(
+          _mm512_broadcast_i32x8(_mm256_maskz_loadu_epi32(live8, a.x.qsum + off)), L);
+    }
+    for (int p = 0; p < NP; ++p) {
+      __m512i isum = _mm512_maskz_permutexvar_epi32(live, idx[p], sums[r]);
+      if constexpr (L > 0) isum = _mm512_sub_epi32(isum, sq);
+      __m512& ac = acc[p * RB + r];
+      __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(sa[p], dx), _mm512_cvtepi32_ps(isum), ac);
+      if constexpr (W::kMin) v = _mm512_fmadd_ps(sb[p], sx, v);
+      ac = _mm512_mask_mov_ps(ac, live, v);
+    }
+  }
+}
+
 // Packed weights: columns [c0, c1) for rows [r0, r0 + RB), two column pairs at a time (pairs
-// start at even columns; a column outside [c0, c1) is computed and not stored).
+// start at even columns; a column outside [c0, c1) is computed and not stored). A trailing
+// group of 1, 2 or 4 blocks is summed for 8 / T pairs at once first (ptail_sums), others per
+// two pairs (pgroup).
 template <class W, int RB>
 void pcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
   constexpr int NP = 2;
   const int64_t nb = a.x.k / 32, ng = nb / 8, cnt = nb % 8;
   const int64_t group = 16 * static_cast<int64_t>(W::kBytes), pair = 2 * a.row_bytes;
   const int64_t last = (c1 - 1) / 2;
-  for (int64_t c = c0 & ~int64_t{1}; c < c1; c += 2 * NP) {
-    const uint8_t* pk[NP];
-    int64_t pi[NP];
-    for (int p = 0; p < NP; ++p) {
-      pi[p] = c / 2 + p <= last ? c / 2 + p : last;
-      pk[p] = a.w + pi[p] * pair;
-      if (2 * (pi[p] + kPairsAhead) < a.n) {  // the pair kPairsAhead ahead, streamed once
-        const char* ahead = reinterpret_cast<const char*>(pk[p] + kPairsAhead * pair);
-        for (int64_t o = 0; o < pair; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+  const int T = static_cast<int>(cnt);
+  const bool dense = T == 1 || T == 2 || T == 4;
+  const int64_t span = 2 * (dense ? 8 / T : NP);  // columns per dense tail (a multiple of 2 NP)
+  __m512i sums[RB];
+  for (int64_t cb = c0 & ~int64_t{1}; cb < c1; cb += span) {
+    if (dense) ptail_sums<W, RB>(a, cb / 2, last, ng * group, r0, T, sums);
+    for (int64_t c = cb; c < cb + span && c < c1; c += 2 * NP) {
+      const uint8_t* pk[NP];
+      int64_t pi[NP];
+      int qi[NP];
+      for (int p = 0; p < NP; ++p) {
+        pi[p] = c / 2 + p <= last ? c / 2 + p : last;
+        qi[p] = static_cast<int>(pi[p] - cb / 2);
+        pk[p] = a.w + pi[p] * pair;
+        if (2 * (pi[p] + kPairsAhead) < a.n) {  // the pair kPairsAhead ahead, streamed once
+          const char* ahead = reinterpret_cast<const char*>(pk[p] + kPairsAhead * pair);
+          for (int64_t o = 0; o < pair; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+        }
       }
-    }
-    __m512 acc[NP * RB];
-    for (int t = 0; t < NP * RB; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; ++g) pgroup<W, RB, NP, true>(a, pk, g * group, r0, 8 * g, 8, acc);
-    if (cnt > 0) {
-      pgroup<W, RB, NP, false>(a, pk, ng * group, r0, 8 * ng, static_cast<int>(cnt), acc);
-    }
-    for (int p = 0; p < NP; ++p) {
-      if (p > 0 && pi[p] == pi[p - 1]) continue;
-      const int64_t col = 2 * pi[p];
-      const bool st0 = col >= c0 && col < c1, st1 = col + 1 >= c0 && col + 1 < c1;
-      for (int r = 0; r < RB; ++r) {
-        const __m128 y = reduce8x2(acc[p * RB + r]);
-        float* out = a.y + (r0 + r) * a.n + col;
-        if (st0) out[0] = a.bias != nullptr ? _mm_cvtss_f32(y) + a.bias[col] : _mm_cvtss_f32(y);
-        if (st1) {
-          const float y1 = _mm_cvtss_f32(_mm_movehdup_ps(y));
-          out[1] = a.bias != nullptr ? y1 + a.bias[col + 1] : y1;
+      __m512 acc[NP * RB];
+      for (int t = 0; t < NP * RB; ++t) acc[t] = _mm512_setzero_ps();
+      for (int64_t g = 0; g < ng; ++g) {
+        pgroup<W, RB, NP, true>(a, pk, g * group, r0, 8 * g, 8, acc);
+      }
+      if (dense) {
+        ptail_apply<W, RB, NP>(a, pk, ng * group, r0, T, qi, sums, acc);
+      } else if (cnt > 0) {
+        pgroup<W, RB, NP, false>(a, pk, ng * group, r0, 8 * ng, T, acc);
+      }
+      for (int p = 0; p < NP; ++p) {
+        if (p > 0 && pi[p] == pi[p - 1]) continue;
+        const int64_t col = 2 * pi[p];
+        const bool st0 = col >= c0 && col < c1, st1 = col + 1 >= c0 && col + 1 < c1;
+        for (int r = 0; r < RB; ++r) {
+          const __m128 y = reduce8x2(acc[p * RB + r]);
+          float* out = a.y + (r0 + r) * a.n + col;
+          if (st0) out[0] = a.bias != nullptr ? _mm_cvtss_f32(y) + a.bias[col] : _mm_cvtss_f32(y);
+          if (st1) {
+            const float y1 = _mm_cvtss_f32(_mm_movehdup_ps(y));
+            out[1] = a.bias != nullptr ? y1 + a.bias[col + 1] : y1;
+          }
         }
       }
     }
