@@ -311,10 +311,13 @@ inline __m128 reduce8x2(__m512 v) {
   return _mm_unpacklo_ps(_mm512_castps512_ps128(v), _mm512_extractf32x4_ps(v, 2));
 }
 
-// Prefetch distance of packed weights at m = 1, in column pairs. A distance of ~12 KB (17 pairs
-// at k = 576) streamed a 70 MB tensor faster on one core of an EPYC Zen 4, but the model's own
-// linears on 2 threads did not (BENCHMARKS.md, second session of 2026-12-07): not kept.
-constexpr int64_t kPairsAhead = 4;
+// Prefetch distance of packed weights, in column pairs, into L2 (_MM_HINT_T1). Into L1 (T0) at
+// 4 pairs, one forward of SmolLM2 at 1 / 2 / 4 / 8 rows took 5.2-5.5 / 5.5-6.5 / 6.4-7.8 /
+// 10.1-12.4 ms on a 2-core EPYC Zen 4; into L2 at 4 pairs 4.8-5.2 / 4.9-5.9 / 5.9-7.6 /
+// 8.7-10.8, at 8 pairs 3.9-4.2 / 4.2-4.4 / 5.5-5.8 / 8.4-8.8, at 16 no better (BENCHMARKS.md,
+// fourth session of 2026-12-07). Streams into L1 crowded out the activations and the L1's miss
+// buffers; at 4 pairs and T0 a Q8_0 LM head streamed at half the GGUF-ordered path's rate.
+constexpr int64_t kPairsAhead = 8;
 
 // The trailing group of T = 1, 2 or 4 blocks (k / 32 % 8) of Q = 8 / T column pairs at once:
 // their packed tails hold 2T words per pair and vector (column c, block j at word T c + j), so
@@ -442,7 +445,7 @@ void pcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
         pk[p] = a.w + pi[p] * pair;
         if (2 * (pi[p] + kPairsAhead) < a.n) {  // the pair kPairsAhead ahead, streamed once
           const char* ahead = reinterpret_cast<const char*>(pk[p] + kPairsAhead * pair);
-          for (int64_t o = 0; o < pair; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+          for (int64_t o = 0; o < pair; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T1);
         }
       }
       __m512 acc[NP * RB];
