@@ -119,6 +119,30 @@ def test_packed_gemm_gives_the_same_bits_for_every_count_thread_and_tile(
 
 
 @needs_avx512
+@pytest.mark.parametrize("name", PACKABLE)
+@pytest.mark.parametrize("k", [32, 576, 640, 352])
+def test_packed_gemm_split_between_threads_at_an_odd_column(name: str, k: int) -> None:
+    """Two threads split 502 columns at column 251 (an odd one, inside a column pair and inside
+    the 4-16 columns whose trailing blocks are summed together): the same bits as the portable
+    reference and as one thread."""
+    n = 502
+    raw = as_tensor(random_weight(name, n, k, seed=k))
+    packed = int8.pack(raw, qt(name), n, k)
+    code = qt(name) | int8.PACKED
+    threads = torch.get_num_threads()
+    try:
+        for m in (1, 3, 17):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
+            want = op(x, raw, qt(name), n, k, isa="portable")
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                got = op(x, packed, code, n, k, None, "avx512")
+                assert torch.equal(bits(got), bits(want)), (m, t)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_avx512
 def test_fused_call_runs_packed_and_plain_parts_together() -> None:
     k = 576
     parts = [(qt("Q4_1"), 8), (qt("Q8_0"), 6), (qt("Q4_0"), 4)]

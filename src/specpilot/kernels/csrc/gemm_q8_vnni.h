@@ -78,6 +78,65 @@ constexpr int toffset_log2() {
   else return W::kOffsetLog2;
 }
 
+// Lane j and 8 + j (j < cnt) of a trailing group's vector <- its packed words j and cnt + j
+// (the two columns' compact words; a permute of a masked load: an expanding load is microcoded on
+// some cores, and the tail then cost ~2 full groups).
+inline __m512i tail_spread(int cnt) {
+  return _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
+                          _mm512_maskz_set1_epi32(static_cast<__mmask16>(0xff00), cnt));
+}
+
+inline __m512 load_halves(const uint8_t* q, __mmask16 k) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, q));
+}
+
+// A pair's trailing cnt scales (and mins) at b (after its V compact vectors), in lanes j and
+// 8 + j, j < cnt (live); zero elsewhere.
+template <class W, int V>
+inline void tail_scales(const uint8_t* b, int cnt, __mmask16 live, __m512i spread, __m512* sa,
+                        __m512* sb) {
+  const __mmask16 words = static_cast<__mmask16>((1u << (2 * cnt)) - 1);
+  *sa = _mm512_maskz_permutexvar_ps(live, spread, load_halves(b + 8 * cnt * V, words));
+  if constexpr (W::kMin) {
+    *sb = _mm512_maskz_permutexvar_ps(live, spread, load_halves(b + 8 * cnt * V + 4 * cnt, words));
+  }
+}
+
+// A row's activation terms of blocks g..g + 7 (off: its first), as the float steps read them
+// in lanes j and 8 + j: scales d, block sums s (types with a min), integer block sums << L
+// (offset types); lanes past live8 zero unless kFull.
+struct RowTerms {
+  __m512 dx, sx = _mm512_setzero_ps();
+  __m512i sq = _mm512_setzero_si512();
+};
+
+template <class W, bool kFull>
+inline RowTerms row_terms(const sp::Q8GemmArgs& a, int64_t off, __mmask8 live8) {
+  constexpr int L = toffset_log2<W>();
+  const auto bx = [&](const float* v) {
+    return _mm512_broadcast_f32x8(kFull ? _mm256_loadu_ps(v + off)
+                                        : _mm256_maskz_loadu_ps(live8, v + off));
+  };
+  RowTerms t{bx(a.x.d)};
+  if constexpr (W::kMin) t.sx = bx(a.x.s);
+  if constexpr (L > 0) {
+    t.sq = _mm512_slli_epi32(
+        _mm512_broadcast_i32x8(_mm256_maskz_loadu_epi32(live8, a.x.qsum + off)), L);
+  }
+  return t;
+}
+
+// The contract's float step of one column pair and row: acc += a * d * isum (+ b * s), lane by
+// lane (lanes outside live unchanged unless kFull), from the exact integer sums isum.
+template <class W, bool kFull>
+inline void float_step(__m512& ac, __m512 sa, __m512 sb, const RowTerms& t, __m512i isum,
+                       __mmask16 live) {
+  if constexpr (toffset_log2<W>() > 0) isum = _mm512_sub_epi32(isum, t.sq);
+  __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(sa, t.dx), _mm512_cvtepi32_ps(isum), ac);
+  if constexpr (W::kMin) v = _mm512_fmadd_ps(sb, t.sx, v);
+  ac = kFull ? v : _mm512_mask_mov_ps(ac, live, v);
+}
+
 // One group (blocks g..g + cnt - 1, cnt <= 8) of NP column pairs (group bases base[2p], base[2p
 // + 1]) for RB rows: acc[p * RB + r] half h lane j += the contract's terms of block g + j of
 // column 2p + h (lanes past cnt unchanged).
@@ -87,21 +146,11 @@ inline void tgroup(const sp::Q8GemmArgs& a, const uint8_t* const* base, int64_t 
   const int64_t nb = a.x.k / 32, xs = (nb + 7) / 8 * 256;
   const __mmask8 live8 = static_cast<__mmask8>((1u << cnt) - 1);
   const __mmask16 live = static_cast<__mmask16>(live8 | (live8 << 8));
-  constexpr int L = toffset_log2<W>();
-  __m512 dx[RB], sx[RB];
-  __m512i sq[RB];
+  RowTerms terms[RB];
   const int8_t* xr[RB];
   for (int r = 0; r < RB; ++r) {
-    const int64_t off = (r0 + r) * nb + g;
     xr[r] = a.x.qt + (r0 + r) * xs + g / 8 * 256;
-    dx[r] = _mm512_broadcast_f32x8(_mm256_maskz_loadu_ps(live8, a.x.d + off));
-    if constexpr (W::kMin) {
-      sx[r] = _mm512_broadcast_f32x8(_mm256_maskz_loadu_ps(live8, a.x.s + off));
-    }
-    if constexpr (L > 0) {
-      sq[r] = _mm512_slli_epi32(
-          _mm512_broadcast_i32x8(_mm256_maskz_loadu_epi32(live8, a.x.qsum + off)), L);
-    }
+    terms[r] = row_terms<W, false>(a, (r0 + r) * nb + g, live8);
   }
   for (int p = 0; p < NP; ++p) {
     __m512i z[8];
@@ -147,11 +196,7 @@ inline void tgroup(const sp::Q8GemmArgs& a, const uint8_t* const* base, int64_t 
       if constexpr (W::kQ6) {
         isum = _mm512_add_epi32(_mm512_mullo_epi32(lo[r], se), _mm512_mullo_epi32(hi[r], so));
       }
-      if constexpr (L > 0) isum = _mm512_sub_epi32(isum, sq[r]);
-      __m512& at = acc[p * RB + r];
-      __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(sa, dx[r]), _mm512_cvtepi32_ps(isum), at);
-      if constexpr (W::kMin) v = _mm512_fmadd_ps(sb, sx[r], v);
-      at = _mm512_mask_mov_ps(at, live, v);
+      float_step<W, false>(acc[p * RB + r], sa, sb, terms[r], isum, live);
     }
   }
 }
@@ -231,18 +276,10 @@ inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at
   const int64_t nb = a.x.k / 32, xs = (nb + 7) / 8 * 256;
   const __mmask8 live8 = static_cast<__mmask8>((1u << cnt) - 1);
   const __mmask16 live = static_cast<__mmask16>(live8 | (live8 << 8));
-  constexpr int L = toffset_log2<W>();
   constexpr int V = kNibbles<W> ? 4 : 8;  // vectors of a full group (Q8_0: 8, no nibbles)
   const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const auto ld16 = [](const uint8_t* q, __mmask16 k) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, q));
-  };
-  // the trailing blocks' 2 cnt words into lanes j and 8 + j (j < cnt): a masked load and a
-  // permute (an expanding load is microcoded on some cores: the tail then cost ~2 full groups)
   const __mmask16 words = static_cast<__mmask16>((1u << (2 * cnt)) - 1);
-  const __m512i spread = _mm512_add_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
-      _mm512_maskz_set1_epi32(static_cast<__mmask16>(0xff00), cnt));
+  const __m512i spread = tail_spread(cnt);
   __m512i z[NP][8];
   __m512 sa[NP], sb[NP];
   for (int p = 0; p < NP; ++p) {
@@ -259,14 +296,12 @@ inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at
         z[p][w] = _mm512_xor_si512(v, flip);  // Q8_0 as w + 128
       }
     }
+    sb[p] = _mm512_setzero_ps();
     if constexpr (kFull) {
-      sa[p] = ld16(b + 64 * V, 0xffff);
-      if constexpr (W::kMin) sb[p] = ld16(b + 64 * V + 32, 0xffff);
+      sa[p] = load_halves(b + 64 * V, 0xffff);
+      if constexpr (W::kMin) sb[p] = load_halves(b + 64 * V + 32, 0xffff);
     } else {
-      sa[p] = _mm512_maskz_permutexvar_ps(live, spread, ld16(b + 8 * cnt * V, words));
-      if constexpr (W::kMin) {
-        sb[p] = _mm512_maskz_permutexvar_ps(live, spread, ld16(b + 8 * cnt * V + 4 * cnt, words));
-      }
+      tail_scales<W, V>(b, cnt, live, spread, &sa[p], &sb[p]);
     }
   }
   for (int r = 0; r < RB; ++r) {
@@ -277,26 +312,9 @@ inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at
       const __m512i xv = _mm512_broadcast_i64x4(load32(xr + 32 * t));
       for (int p = 0; p < NP; ++p) lo[p] = _mm512_dpbusd_epi32(lo[p], z[p][t], xv);
     }
-    const int64_t off = (r0 + r) * nb + g;
-    const auto bx = [&](const float* v) {
-      return _mm512_broadcast_f32x8(kFull ? _mm256_loadu_ps(v + off)
-                                          : _mm256_maskz_loadu_ps(live8, v + off));
-    };
-    const __m512 dx = bx(a.x.d);
-    __m512 sx = _mm512_setzero_ps();
-    if constexpr (W::kMin) sx = bx(a.x.s);
-    __m512i sq = _mm512_setzero_si512();
-    if constexpr (L > 0) {
-      sq = _mm512_slli_epi32(
-          _mm512_broadcast_i32x8(_mm256_maskz_loadu_epi32(live8, a.x.qsum + off)), L);
-    }
+    const RowTerms terms = row_terms<W, kFull>(a, (r0 + r) * nb + g, live8);
     for (int p = 0; p < NP; ++p) {
-      __m512i isum = lo[p];
-      if constexpr (L > 0) isum = _mm512_sub_epi32(isum, sq);
-      __m512& ac = acc[p * RB + r];
-      __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(sa[p], dx), _mm512_cvtepi32_ps(isum), ac);
-      if constexpr (W::kMin) v = _mm512_fmadd_ps(sb[p], sx, v);
-      ac = kFull ? v : _mm512_mask_mov_ps(ac, live, v);  // the tail: lanes past cnt unchanged
+      float_step<W, kFull>(acc[p * RB + r], sa[p], sb[p], terms, lo[p], live);
     }
   }
 }
@@ -375,46 +393,20 @@ inline void ptail_apply(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64
   const int64_t nb = a.x.k / 32, g = nb / 8 * 8;
   const __mmask8 live8 = static_cast<__mmask8>((1u << T) - 1);
   const __mmask16 live = static_cast<__mmask16>(live8 | (live8 << 8));
-  const __mmask16 words = static_cast<__mmask16>((1u << (2 * T)) - 1);
-  constexpr int L = toffset_log2<W>();
   constexpr int V = kNibbles<W> ? 4 : 8;
-  const auto ld16 = [](const uint8_t* p, __mmask16 k) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, p));
-  };
-  // lane 8 c + j (j < T) of a pair's accumulator <- its dense word T c + j
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
-  const __m512i spread =
-      _mm512_add_epi32(lane, _mm512_maskz_set1_epi32(static_cast<__mmask16>(0xff00), T));
+  const __m512i spread = tail_spread(T);
   __m512 sa[NP], sb[NP];
-  __m512i idx[NP];
+  __m512i idx[NP];  // lane 8 c + j (j < T) of pair p's accumulator <- its dense word T c + j
   for (int p = 0; p < NP; ++p) {
-    const uint8_t* b = pk[p] + at;
-    sa[p] = _mm512_maskz_permutexvar_ps(live, spread, ld16(b + 8 * T * V, words));
     sb[p] = _mm512_setzero_ps();
-    if constexpr (W::kMin) {
-      sb[p] = _mm512_maskz_permutexvar_ps(live, spread, ld16(b + 8 * T * V + 4 * T, words));
-    }
+    tail_scales<W, V>(pk[p] + at, T, live, spread, &sa[p], &sb[p]);
     idx[p] = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * T * q[p]));
   }
   for (int r = 0; r < RB; ++r) {
-    const int64_t off = (r0 + r) * nb + g;
-    const __m512 dx = _mm512_broadcast_f32x8(_mm256_maskz_loadu_ps(live8, a.x.d + off));
-    __m512 sx = _mm512_setzero_ps();
-    if constexpr (W::kMin) {
-      sx = _mm512_broadcast_f32x8(_mm256_maskz_loadu_ps(live8, a.x.s + off));
-    }
-    __m512i sq = _mm512_setzero_si512();
-    if constexpr (L > 0) {
-      sq = _mm512_slli_epi32(
-          _mm512_broadcast_i32x8(_mm256_maskz_loadu_epi32(live8, a.x.qsum + off)), L);
-    }
+    const RowTerms terms = row_terms<W, false>(a, (r0 + r) * nb + g, live8);
     for (int p = 0; p < NP; ++p) {
-      __m512i isum = _mm512_maskz_permutexvar_epi32(live, idx[p], sums[r]);
-      if constexpr (L > 0) isum = _mm512_sub_epi32(isum, sq);
-      __m512& ac = acc[p * RB + r];
-      __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(sa[p], dx), _mm512_cvtepi32_ps(isum), ac);
-      if constexpr (W::kMin) v = _mm512_fmadd_ps(sb[p], sx, v);
-      ac = _mm512_mask_mov_ps(ac, live, v);
+      const __m512i isum = _mm512_maskz_permutexvar_epi32(live, idx[p], sums[r]);
+      float_step<W, false>(acc[p * RB + r], sa[p], sb[p], terms, isum, live);
     }
   }
 }
