@@ -18,6 +18,7 @@ from specpilot import kernels
 from specpilot.engine import Engine, EngineConfig, GenerationConfig
 from specpilot.errors import ConfigError
 from specpilot.forcing import Reference
+from specpilot.kernels import int8
 from specpilot.kernels.linear import COL_TILES, ROW_TILES, set_schedule
 from specpilot.loading import load_model
 from specpilot.mechanisms import get
@@ -38,6 +39,7 @@ from specpilot.runtime import build, context_of
 from specpilot.tree import TreeSpec
 
 from .kernel_planted import four_lanes
+from .test_kernels import native_gguf  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="native kernels unavailable")
 
@@ -216,6 +218,59 @@ def test_kernel_tiling_refuses_an_fp32_model() -> None:
     plan = Plan(options={"kernel_tiling": {"single": [1, 4], "multi": [4, 2]}})
     with pytest.raises(ConfigError, match="no native GGUF linears"):
         build(plan, loaded())
+
+
+# -- kernel_prefetch ---------------------------------------------------------------------------
+
+
+def test_kernel_prefetch_applies_to_the_int8_profile_on_native_weights_only() -> None:
+    mech = get("kernel_prefetch")
+    int8_plan = Plan(engine=EngineConfig(numerics="int8"))
+    assert mech.applicable(NATIVE, int8_plan) is None
+    assert "--numerics int8" in (mech.applicable(NATIVE, Plan()) or "")
+    assert "--weights native" in (mech.applicable(FP32, int8_plan) or "")
+    assert "GPU" in (mech.applicable(GPU, int8_plan) or "")
+
+
+def test_kernel_prefetch_space_options_round_trip() -> None:
+    mech = get("kernel_prefetch")
+    base = Plan(engine=EngineConfig(numerics="int8"))
+    (param,) = mech.space(NATIVE, base)
+    assert param.name == "columns" and param.choices == int8.PREFETCH_COLUMNS
+    assert param.default == 0
+    plan = apply_checked(mech, NATIVE, base, {"columns": 32})
+    assert plan.options["kernel_prefetch"] == {"columns": 32}
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and mech.parse_options(again.options["kernel_prefetch"]).columns == 32
+    assert mech.space(NATIVE, plan)[0].default == 32
+    for bad, match in [({"columns": 5}, "columns must be one of"), ({"columns": "8"}, "columns"),
+                       ({"rows": 4}, "unknown"), (8, "JSON object")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            mech.parse_options(bad)
+
+
+def test_every_prefetch_distance_decodes_the_same_tokens(native_gguf) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """Through runtime.build in the int8 profile (Q4_1 and Q8_0 weights): the configure hook
+    sets the GEMMs' distance, and plain and speculative decoding give the reference tokens."""
+    path, cache_dir = native_gguf
+    lm = load_model(str(path), cache_dir=cache_dir, weights="native")
+    base = Plan(drafter="suffix", tree=TreeSpec(kind="dynamic", budget=10, topk=3, depth=5),
+                engine=EngineConfig(numerics="int8"))  # fmt: skip
+    gen = GenerationConfig(MAX_NEW, stop_on_eos=False)
+    ref = [Engine(lm.model, base.engine).generate(p, gen).tokens for p in PROMPTS]
+    ctx = context_of(lm, base, 1)
+    mech = get("kernel_prefetch")
+    before = int8.prefetch()
+    try:
+        for columns in int8.PREFETCH_COLUMNS[::-1]:
+            built = build(apply_checked(mech, ctx, base, {"columns": columns}), lm)
+            assert int8.prefetch() == columns
+            for p, want in zip(PROMPTS, ref, strict=True):
+                plain = built.engine.generate(p, gen).tokens
+                spec = built.engine.generate(p, gen, drafter=built.make_drafter(), spec=built.spec)
+                assert plain == want and spec.tokens == want, (columns, p)
+    finally:
+        int8.set_prefetch(before)
 
 
 # -- the planted order-breaking variant through the trial path ---------------------------------

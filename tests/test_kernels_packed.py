@@ -142,6 +142,41 @@ def test_packed_gemm_split_between_threads_at_an_odd_column(name: str, k: int) -
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("name", PACKABLE)
+@pytest.mark.parametrize("k", [576, 352])
+def test_every_prefetch_distance_gives_the_same_bits(name: str, k: int) -> None:
+    """The int8 GEMMs' prefetch distance (the kernel_prefetch mechanism) is a schedule choice:
+    packed (AVX-512) and GGUF-ordered weights (every ISA here), one and several rows, one and
+    two threads, one linear and a fused call: the bits of the portable reference."""
+    n = 70  # the distances reach past the last column, stop inside a thread's columns, and both
+    raw = as_tensor(random_weight(name, n, k, seed=k + 1))
+    weights = [(raw, qt(name), isa) for isa in ISAS]
+    if AVX512:
+        weights.append((int8.pack(raw, qt(name), n, k), qt(name) | int8.PACKED, "avx512"))
+    fused = torch.ops.specpilot.gguf_matmul_q8_multi
+    threads, before = torch.get_num_threads(), int8.prefetch()
+    try:
+        for m in (1, 2, 5, 17):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
+            want = op(x, raw, qt(name), n, k, isa="portable")
+            for columns in (*int8.PREFETCH_COLUMNS[1:], 2, 1000, 0):
+                assert int8.set_prefetch(columns) >= 0 and int8.prefetch() == columns
+                for t in (1, 2):
+                    torch.set_num_threads(t)
+                    for blocks, code, isa in weights:
+                        got = op(x, blocks, code, n, k, None, isa)
+                        assert torch.equal(bits(got), bits(want)), (m, columns, t, isa)
+                        two = fused(x, [blocks, blocks], [code, code], [n, n], k, None,
+                                    isa_code(isa), 0, 0)  # fmt: skip
+                        assert torch.equal(bits(two), bits(torch.cat([want, want], 1)))
+    finally:
+        torch.set_num_threads(threads)
+        int8.set_prefetch(before)
+    for bad in (-1, 1.5, True, 1 << 21):
+        with pytest.raises(ValueError, match="prefetch distance"):
+            int8.set_prefetch(bad)  # type: ignore[arg-type]
+
+
 @needs_avx512
 def test_fused_call_runs_packed_and_plain_parts_together() -> None:
     k = 576

@@ -89,6 +89,29 @@ def packs(qtype: int, n: int, isa: int) -> bool:
     return bool(_ops().q8_packs(int(qtype), int(isa)))
 
 
+PREFETCH_COLUMNS = (0, 4, 8, 16, 32, 64)
+"""Software prefetch distances of the int8 GEMMs' weight stream, in columns, that the
+``kernel_prefetch`` mechanism tries (0: each schedule's own, 8 columns in GGUF order and 16 in
+the packed layout)."""
+
+
+def set_prefetch(columns: int) -> int:
+    """Stream every int8 GEMM's weights ``columns`` output columns ahead of the one being computed
+    (software prefetch; 0: each schedule's own distance), for all calls in this process, as
+    ``torch.set_num_threads`` sets the thread count; returns the previous setting. A schedule
+    choice: no output changes by a bit (tests/test_kernels_packed.py). ValueError for a negative
+    or absurd distance."""
+    if not isinstance(columns, int) or isinstance(columns, bool) or not 0 <= columns <= 1 << 20:
+        raise ValueError(f"prefetch distance must be an integer number of columns >= 0, got "
+                         f"{columns!r}")  # fmt: skip
+    return int(_ops().q8_prefetch(columns))
+
+
+def prefetch() -> int:
+    """The int8 GEMMs' prefetch distance in columns (0: each schedule's own)."""
+    return int(_ops().q8_prefetch(-1))
+
+
 def pack(blocks: Tensor, qtype: int, n: int, k: int, unpack: bool = False) -> Tensor:
     """The (n, k) ``qtype`` (Q4_0 / Q4_1 / Q8_0) ``blocks`` reordered into the AVX-512 path's
     packed layout (per pair of columns and group of 8 blocks, the 4 vectors (Q8_0: 8) its

@@ -26,6 +26,7 @@ from specpilot.mechanisms.dynamic_tree import DynamicTree
 from specpilot.mechanisms.goodput_budget import GoodputBudget
 from specpilot.mechanisms.gpu_dtype import GpuDtype
 from specpilot.mechanisms.hybrid_drafting import HybridDrafting
+from specpilot.mechanisms.kernel_prefetch import KernelPrefetch
 from specpilot.mechanisms.kernel_tiling import KernelTiling
 from specpilot.mechanisms.linear_backend import LinearBackend
 from specpilot.mechanisms.lookup_ngram import LookupNgram
@@ -63,6 +64,7 @@ _CLASSES: tuple[type, ...] = (
     AttentionImpl,
     LinearBackend,
     KernelTiling,
+    KernelPrefetch,
     CompileForward,
     GpuDtype,
     DraftVocab,

@@ -55,6 +55,9 @@ struct Q8GemmArgs {
   // may read a trailing group's 8 blocks in place where they end before it (the blocks past
   // the row's end then meet zero activations in lanes that are not stored).
   const uint8_t* w_end = nullptr;
+  // Software prefetch distance of the weight stream in columns (0: the schedule's own; see
+  // q8_prefetch in ops_q8.cpp). A schedule choice: it never changes a bit of y.
+  int64_t ahead = 0;
 };
 
 // A weight tensor in the AVX-512 path's packed layout (sp_q8_pack) passes its type as

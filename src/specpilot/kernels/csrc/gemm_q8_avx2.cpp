@@ -32,7 +32,7 @@
 
 namespace {
 
-constexpr int64_t kPrefetch = 8;  // columns
+constexpr int64_t kPrefetch = 8;  // columns (a.ahead overrides it)
 
 inline float h2f(const uint8_t* p) { return _cvtsh_ss(sp::rd16(p)); }
 
@@ -360,11 +360,12 @@ inline void tail(const sp::Q8GemmArgs& a, const uint8_t* const* row, int64_t r0,
   }
 }
 
-// The weights of column col + kPrefetch (row: column col's), streamed from memory once per call
-// at m = 1.
+// The weights of column col + kPrefetch (a.ahead where set; row: column col's), streamed from
+// memory once per call at m = 1.
 inline void prefetch_ahead(const sp::Q8GemmArgs& a, const uint8_t* row, int64_t col) {
-  if (col + kPrefetch < a.n) {
-    const char* ahead = reinterpret_cast<const char*>(row + kPrefetch * a.row_bytes);
+  const int64_t cols = a.ahead > 0 ? a.ahead : kPrefetch;
+  if (col + cols < a.n) {
+    const char* ahead = reinterpret_cast<const char*>(row + cols * a.row_bytes);
     for (int64_t o = 0; o < a.row_bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
   }
 }

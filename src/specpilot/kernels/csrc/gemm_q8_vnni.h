@@ -17,6 +17,7 @@
 // zero-padded copy.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 
 #include "transpose512.h"
@@ -335,6 +336,7 @@ inline __m128 reduce8x2(__m512 v) {
 // 8.7-10.8, at 8 pairs 3.9-4.2 / 4.2-4.4 / 5.5-5.8 / 8.4-8.8, at 16 no better (BENCHMARKS.md,
 // fourth session of 2026-12-07). Streams into L1 crowded out the activations and the L1's miss
 // buffers; at 4 pairs and T0 a Q8_0 LM head streamed at half the GGUF-ordered path's rate.
+// a.ahead (columns, set by q8_prefetch) overrides it with a.ahead / 2 pairs (at least 1).
 constexpr int64_t kPairsAhead = 8;
 
 // The trailing group of T = 1, 2 or 4 blocks (k / 32 % 8) of Q = 8 / T column pairs at once:
@@ -423,6 +425,7 @@ void pcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
   const int64_t last = (c1 - 1) / 2;
   const int T = static_cast<int>(cnt);
   const bool dense = T == 1 || T == 2 || T == 4;
+  const int64_t ahead = a.ahead > 0 ? std::max<int64_t>(1, a.ahead / 2) : kPairsAhead;
   const int64_t span = 2 * (dense ? 8 / T : NP);  // columns per dense tail (a multiple of 2 NP)
   __m512i sums[RB];
   for (int64_t cb = c0 & ~int64_t{1}; cb < c1; cb += span) {
@@ -435,9 +438,9 @@ void pcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
         pi[p] = c / 2 + p <= last ? c / 2 + p : last;
         qi[p] = static_cast<int>(pi[p] - cb / 2);
         pk[p] = a.w + pi[p] * pair;
-        if (2 * (pi[p] + kPairsAhead) < a.n) {  // the pair kPairsAhead ahead, streamed once
-          const char* ahead = reinterpret_cast<const char*>(pk[p] + kPairsAhead * pair);
-          for (int64_t o = 0; o < pair; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T1);
+        if (2 * (pi[p] + ahead) < a.n) {  // the pair `ahead` pairs on, streamed once
+          const char* next = reinterpret_cast<const char*>(pk[p] + ahead * pair);
+          for (int64_t o = 0; o < pair; o += 64) _mm_prefetch(next + o, _MM_HINT_T1);
         }
       }
       __m512 acc[NP * RB];

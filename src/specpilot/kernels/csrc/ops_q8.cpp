@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <tuple>
 #include <vector>
@@ -18,6 +19,11 @@
 #include "ops_api.h"
 
 namespace {
+
+// The weight stream's software prefetch distance, in columns, of every int8 GEMM call of the
+// process (0: each schedule's own: 8 columns in GGUF order, 8 column pairs packed). Set by
+// q8_prefetch (the kernel_prefetch mechanism); a schedule choice, never a bit of the output.
+std::atomic<int64_t> g_ahead{0};
 
 // Q8 blocks of m rows of k floats, by the AVX2 path where it runs (the same bits; qsum, the
 // integer block sums, only there).
@@ -169,7 +175,8 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
                          bp,
                          y.data_ptr<float>(),
                          n,
-                         blocks.data_ptr<uint8_t>() + blocks.numel()};
+                         blocks.data_ptr<uint8_t>() + blocks.numel(),
+                         g_ahead.load(std::memory_order_relaxed)};
   // default schedule: up to 4 rows (8 in the AVX2 lanes schedule, 16 on the AVX-512 path) share
   // each decoded weight block;
   // column tiles of 8 keep a row tile's activations and a column tile's weights in L1
@@ -235,7 +242,8 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
                                   q8_row_bytes(qt, k),
                                   bp == nullptr ? nullptr : bp + off[p],
                                   y.data_ptr<float>() + off[p], total,
-                                  blocks[p].data_ptr<uint8_t>() + blocks[p].numel()});
+                                  blocks[p].data_ptr<uint8_t>() + blocks[p].numel(),
+                                  g_ahead.load(std::memory_order_relaxed)});
     off[p + 1] = off[p] + ns[p];
   }
   const int rt = row_tile > 0 ? static_cast<int>(row_tile) : isa_path >= 3 ? 16 : 8;
@@ -266,6 +274,14 @@ at::Tensor q8_pack(const at::Tensor& blocks, int64_t qtype, int64_t n, int64_t k
   return out;
 }
 
+// Set the int8 GEMMs' prefetch distance to `columns` (0: the schedules' own) where columns >= 0;
+// returns the setting before the call.
+int64_t q8_prefetch(int64_t columns) {
+  TORCH_CHECK(columns <= (int64_t{1} << 20), "specpilot: prefetch distance of ", columns,
+              " columns is out of range");
+  return columns < 0 ? g_ahead.load() : g_ahead.exchange(columns);
+}
+
 // Whether weights of type qtype pack for calls with this isa code: Q4_0 / Q4_1 / Q8_0 where the
 // picked path is AVX-512 (not AMX, whose schedule reads the blocks as they are).
 int64_t q8_packs(int64_t qtype, int64_t isa) {
@@ -277,6 +293,7 @@ int64_t q8_packs(int64_t qtype, int64_t isa) {
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
   m.def("q8_pack(Tensor blocks, int qtype, int n, int k, bool unpack=False) -> Tensor");
   m.def("q8_packs(int qtype, int isa) -> int", &sp_ops::q8_packs);
+  m.def("q8_prefetch(int columns=-1) -> int", &sp_ops::q8_prefetch);
   m.def("q8_quantize(Tensor x) -> (Tensor, Tensor, Tensor)");
   m.def(
       "gguf_matmul_q8(Tensor x, Tensor blocks, int qtype, int n, int k, Tensor? bias=None, "
