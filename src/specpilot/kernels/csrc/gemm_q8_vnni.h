@@ -339,6 +339,21 @@ inline __m128 reduce8x2(__m512 v) {
 // a.ahead (columns, set by q8_prefetch) overrides it with a.ahead / 2 pairs (at least 1).
 constexpr int64_t kPairsAhead = 8;
 
+inline int64_t pairs_ahead(const sp::Q8GemmArgs& a) {
+  return a.ahead > 0 ? std::max<int64_t>(1, a.ahead / 2) : kPairsAhead;
+}
+
+// The first pairs_ahead(a) column pairs of a thread's columns [n0, n1), prefetched up front:
+// pcolumns streams each pair after them from the pair that many before it, and these would
+// otherwise arrive one demand miss at a time (one SmolLM2 decode step ~3% faster on a 2-core
+// EPYC Zen 4, whose hardware prefetchers barely help: BENCHMARKS.md, session of 2026-12-07).
+inline void prefetch_first_pairs(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1) {
+  const int64_t pair = 2 * a.row_bytes, p0 = n0 / 2;
+  const int64_t p1 = std::min((n1 + 1) / 2, p0 + pairs_ahead(a));
+  const char* w = reinterpret_cast<const char*>(a.w);
+  for (int64_t o = p0 * pair; o < p1 * pair; o += 64) _mm_prefetch(w + o, _MM_HINT_T1);
+}
+
 // The trailing group of T = 1, 2 or 4 blocks (k / 32 % 8) of Q = 8 / T column pairs at once:
 // their packed tails hold 2T words per pair and vector (column c, block j at word T c + j), so
 // the Q pairs' words fill one 512-bit vector (pair q at lanes 2T q ..), and step t's activation
@@ -425,7 +440,7 @@ void pcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
   const int64_t last = (c1 - 1) / 2;
   const int T = static_cast<int>(cnt);
   const bool dense = T == 1 || T == 2 || T == 4;
-  const int64_t ahead = a.ahead > 0 ? std::max<int64_t>(1, a.ahead / 2) : kPairsAhead;
+  const int64_t ahead = pairs_ahead(a);
   const int64_t span = 2 * (dense ? 8 / T : NP);  // columns per dense tail (a multiple of 2 NP)
   __m512i sums[RB];
   for (int64_t cb = c0 & ~int64_t{1}; cb < c1; cb += span) {
@@ -487,7 +502,10 @@ template <class W, bool kPk = false>
 void run_transposed(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1, int row_tile,
                     int col_tile) {
   int64_t ct = col_tile > 0 ? col_tile : 1;
-  if constexpr (kPk) ct = (ct + 1) / 2 * 2;
+  if constexpr (kPk) {
+    ct = (ct + 1) / 2 * 2;
+    prefetch_first_pairs(a, n0, n1);
+  }
   const int most = row_tile < 1 ? 1 : row_tile > kTileRows ? kTileRows : row_tile;
   for (int64_t c = kPk ? n0 & ~int64_t{1} : n0; c < n1; c += ct) {
     const int64_t lo = c > n0 ? c : n0, hi = c + ct < n1 ? c + ct : n1;

@@ -1,0 +1,96 @@
+"""Plain decoding under schedule settings switched at run time, alternating prompt by prompt in one
+process (a drifting machine moves every setting alike), with the layers' op time per forward.
+
+    python bench/decode_ab.py --numerics int8 [--threads 2] [--limit 8] [--max-new-tokens 96]
+        [--rounds 4] (--col-tile 8 64 | --prefetch 0 16 32)
+
+``--col-tile``: the column tile of one-row calls of every native linear (the op's default: 0);
+``--prefetch``: the int8 GEMMs' prefetch distance in columns (the ``kernel_prefetch``
+mechanism). Prints per setting tokens per second (prefill included) and the median and mean time
+of the layers' op call (``specpilot::lean_layers``) per forward, and whether every setting decoded
+the same tokens (it must: schedules keep the numerics contract).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from specpilot import kernels
+from specpilot.cli import _setup, build_parser
+from specpilot.engine import GenerationConfig
+from specpilot.kernels import int8, linear, stack
+from specpilot.workloads import load_workload
+
+
+def setters(model: Any, args: argparse.Namespace) -> dict[str, Callable[[], None]]:
+    """One callable per setting that puts it in force."""
+    if args.col_tile:
+        lins = [m for m in model.modules() if isinstance(m, kernels.GGUFLinear)]
+
+        def tile(ct: int) -> Callable[[], None]:
+            def put() -> None:
+                for m in lins:  # past set_schedule's check: int8 tiles are not the fp32 kernel's
+                    m.tiles = ((0, ct), m.tiles[1])
+                linear._changed()
+
+            return put
+
+        return {f"col tile {ct}": tile(ct) for ct in args.col_tile}
+    return {f"prefetch {c}": (lambda c=c: int8.set_prefetch(c)) for c in args.prefetch}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--rounds", type=int, default=4)
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--col-tile", type=int, nargs="+")
+    what.add_argument("--prefetch", type=int, nargs="+")
+    own, rest = ap.parse_known_args()
+    args = build_parser().parse_args(["bench", *rest])
+    loaded, engine, _, _ = _setup(args, hf_peers=False)
+    tok = loaded.tokenizer
+    prompts = load_workload(args.workload or "humaneval", limit=args.limit or 8)
+    ids = [tok.encode_prompt(p.text, chat=p.chat) for p in prompts]
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens or 96)
+    put = setters(loaded.model, own)
+    engine.generate(ids[0], gen, eos_ids=tok.eos_ids)  # warm-up
+    calls: dict[str, list[float]] = {k: [] for k in put}
+    spent = dict.fromkeys(put, 0.0)
+    made = dict.fromkeys(put, 0)
+    tokens: dict[str, list[list[int]]] = {k: [] for k in put}
+    run, cur = stack.run, [""]
+
+    def timed(*a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        out = run(*a, **k)
+        if a[1].shape[0] == 1:  # one-row forwards (decode steps), not the prefills
+            calls[cur[0]].append(time.perf_counter() - t)
+        return out
+
+    stack.run = timed  # type: ignore[assignment]
+    names = list(put)
+    for r in range(own.rounds):
+        for p in ids:
+            for name in names if r % 2 == 0 else names[::-1]:
+                put[name]()
+                cur[0] = name
+                t = time.perf_counter()
+                res = engine.generate(p, gen, eos_ids=tok.eos_ids)
+                spent[name] += time.perf_counter() - t
+                made[name] += len(res.tokens)
+                tokens[name].append(res.tokens)
+    for name in names:
+        one = calls[name]
+        print(f"{name:14s} {made[name] / spent[name]:7.1f} tok/s   layers per forward: median "
+              f"{1e3 * statistics.median(one):.3f} ms, mean {1e3 * statistics.mean(one):.3f} ms "
+              f"({len(one)} forwards)")  # fmt: skip
+    same = all(tokens[n] == tokens[names[0]] for n in names)
+    print(f"same tokens under every setting: {same}")
+
+
+if __name__ == "__main__":
+    main()
