@@ -1,9 +1,10 @@
 """Plain decoding under schedule settings switched at run time, alternating prompt by prompt in one
 process (a drifting machine moves every setting alike), with the layers' op time per forward.
 
-    python bench/decode_ab.py --numerics int8 [--threads 2] [--limit 8] [--max-new-tokens 96]
+    python bench/decode_ab.py --numerics int8 [--threads 2] [--limit 8] [--max-new-tokens 128]
         [--rounds 4] (--col-tile 8 64 | --prefetch 0 16 32)
 
+Takes ``specpilot bench``'s flags (HumanEval, 8 prompts and 128 tokens unless given).
 ``--col-tile``: the column tile of one-row calls of every native linear (the op's default: 0);
 ``--prefetch``: the int8 GEMMs' prefetch distance in columns (the ``kernel_prefetch``
 mechanism). Prints per setting tokens per second (prefill included) and the median and mean time
@@ -55,7 +56,7 @@ def main() -> None:
     tok = loaded.tokenizer
     prompts = load_workload(args.workload or "humaneval", limit=args.limit or 8)
     ids = [tok.encode_prompt(p.text, chat=p.chat) for p in prompts]
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens or 96)
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
     put = setters(loaded.model, own)
     engine.generate(ids[0], gen, eos_ids=tok.eos_ids)  # warm-up
     calls: dict[str, list[float]] = {k: [] for k in put}
