@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +46,9 @@ def setters(model: Any, args: argparse.Namespace) -> dict[str, Callable[[], None
 
 
 def main() -> None:
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)
+        return
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--rounds", type=int, default=4)
     what = ap.add_mutually_exclusive_group(required=True)
