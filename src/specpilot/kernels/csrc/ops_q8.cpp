@@ -35,11 +35,12 @@ void quantize(bool avx2, const float* x, int64_t m, int64_t k, int8_t* q, float*
   sp_q8_quantize(x, m, k, q, d, s);
 }
 
-// The default column tile of an m-row call: 8 columns keep a row tile's activations and a column
-// tile's weights in L1; one row of packed weights has no activations to keep, and tiles of 64
-// save the per-tile work (a SmolLM2 decode step's layers ~3-4% faster on a 2-core EPYC Zen 4,
-// alternating in one process: BENCHMARKS.md, session of 2026-12-07).
-int default_col_tile(int64_t m, bool packed) { return m == 1 && packed ? 64 : 8; }
+// The default column tile of an m-row call with row tiles of rt rows: 8 columns keep a column
+// tile's weights in L1 for the next row tile; a call of one row tile on packed weights reads each
+// weight once anyway, and tiles of 64 save the per-tile work (SmolLM2's layers 4-6% faster at 1
+// row, 4-15% at 2-8 rows, on a 2-core EPYC Zen 4, alternating in one process: BENCHMARKS.md,
+// fifth session of 2026-12-07).
+int default_col_tile(int64_t m, int rt, bool packed) { return packed && m <= rt ? 64 : 8; }
 
 // The path that runs m rows of qt's k-wide weights: the AMX path leaves the calls its schedule
 // does not repay (sp::q8_amx_runs) to the AVX-512 path (the same bits).
@@ -187,7 +188,7 @@ at::Tensor gguf_matmul_q8(const at::Tensor& x_in, const at::Tensor& blocks, int6
   // each decoded weight block; column tiles: default_col_tile
   const int rt = row_tile > 0 ? static_cast<int>(row_tile) : path >= 3 ? 16 : 8;
   const int ct =
-      col_tile > 0 ? static_cast<int>(col_tile) : default_col_tile(m, sp::q8_packed(qt));
+      col_tile > 0 ? static_cast<int>(col_tile) : default_col_tile(m, rt, sp::q8_packed(qt));
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
   at::parallel_for(0, n, grain,
                    [&](int64_t n0, int64_t n1) { run_q8(a, path, n0, n1, rt, ct); });
@@ -253,7 +254,7 @@ at::Tensor gguf_matmul_q8_multi(const at::Tensor& x_in, at::TensorList blocks,
     off[p + 1] = off[p] + ns[p];
   }
   const int rt = row_tile > 0 ? static_cast<int>(row_tile) : isa_path >= 3 ? 16 : 8;
-  const int ct = col_tile > 0 ? static_cast<int>(col_tile) : default_col_tile(m, packed);
+  const int ct = col_tile > 0 ? static_cast<int>(col_tile) : default_col_tile(m, rt, packed);
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, m * k));
   at::parallel_for(0, total, grain, [&](int64_t c0, int64_t c1) {
     for (size_t p = 0; p < parts; ++p) {
