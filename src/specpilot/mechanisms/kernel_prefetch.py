@@ -2,8 +2,8 @@
 
 Applies where the target runs its GGUF blocks through the native kernels in the int8-activation
 numerics profile (``--numerics int8``). A decode step streams every weight from memory once, and
-on some CPUs the hardware prefetchers barely help: on a 2-core EPYC Zen 4 a SmolLM2 forward took
-~1.6x as long with the GEMMs' software prefetch off (an informal check, not in the repository).
+on some CPUs the hardware prefetchers barely help: on a 2-core EPYC Zen 4 a distance of 8 columns
+instead of 16 cost 13% a forward, 4 columns ~40% (BENCHMARKS.md, fifth session of 2026-12-07).
 The best distance depends on the memory latency, the core's miss buffers and the weight type's
 bytes per column, so it is measured per machine: the GEMMs prefetch the weights ``columns``
 output columns ahead of the one they compute (0: each schedule's own, 8 columns in GGUF order,

@@ -345,8 +345,8 @@ inline int64_t pairs_ahead(const sp::Q8GemmArgs& a) {
 
 // The first pairs_ahead(a) column pairs of a thread's columns [n0, n1), prefetched up front:
 // pcolumns streams each pair after them from the pair that many before it, and these would
-// otherwise arrive one demand miss at a time (one SmolLM2 decode step ~3% faster on a 2-core
-// EPYC Zen 4, whose hardware prefetchers barely help: BENCHMARKS.md, session of 2026-12-07).
+// otherwise arrive one demand miss at a time (a 2-core EPYC Zen 4's hardware prefetchers barely
+// help; BENCHMARKS.md, fifth session of 2026-12-07, says what was and was not resolved).
 inline void prefetch_first_pairs(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1) {
   const int64_t pair = 2 * a.row_bytes, p0 = n0 / 2;
   const int64_t p1 = std::min((n1 + 1) / 2, p0 + pairs_ahead(a));

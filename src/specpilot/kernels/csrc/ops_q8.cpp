@@ -37,8 +37,8 @@ void quantize(bool avx2, const float* x, int64_t m, int64_t k, int8_t* q, float*
 
 // The default column tile of an m-row call with row tiles of rt rows: 8 columns keep a column
 // tile's weights in L1 for the next row tile; a call of one row tile on packed weights reads each
-// weight once anyway, and tiles of 64 save the per-tile work (SmolLM2's layers 4-6% faster at 1
-// row, 4-15% at 2-8 rows, on a 2-core EPYC Zen 4, alternating in one process: BENCHMARKS.md,
+// weight once anyway, and tiles of 64 save the per-tile work (SmolLM2's layers 2-6% faster at 1
+// row, 1-7% at 2-8 rows, on a 2-core EPYC Zen 4, alternating in one process: BENCHMARKS.md,
 // fifth session of 2026-12-07).
 int default_col_tile(int64_t m, int rt, bool packed) { return packed && m <= rt ? 64 : 8; }
 
