@@ -264,6 +264,49 @@ void tcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
   }
 }
 
+// Rows whose integer sums pgroup interleaves step by step (independent dpbusd chains side by
+// side: 2 RS of the 32 registers beside the 16 decoded steps).
+constexpr int kRowsInterleaved = 4;
+
+// Calls of at most this many rows decode a nibble type's high nibbles as v & 0xf0 (16 times
+// their value: one op instead of a shift and a mask) into integer sums of their own, exact
+// multiples of 16 (u8 x s8 products, summed in int32): isum = lo + (hi >> 4), the same integers.
+// It costs an add and a shift per row and group, which at 2 rows already outweighs the shifts
+// saved (bench/gemm_rows.py; BENCHMARKS.md, first session of 2026-12-08).
+constexpr int kHi16Rows = 1;
+
+// RS rows (r0 + rb ..) of pgroup's group: their exact integer sums from the decoded steps z of
+// the NP pairs (kHi16: z[p][t + 4] holds 16 x step t + 4), then the contract's float steps.
+template <class W, int NP, bool kFull, int RS, bool kHi16>
+inline void prows(const sp::Q8GemmArgs& a, const __m512i (*z)[8], const __m512* sa,
+                  const __m512* sb, int64_t r0, int64_t g, int rb, int RB, __mmask8 live8,
+                  __mmask16 live, __m512* acc) {
+  const int64_t nb = a.x.k / 32, xs = (nb + 7) / 8 * 256;
+  const int8_t* xr[RS];
+  __m512i lo[RS][NP], hi[RS][NP];
+  for (int i = 0; i < RS; ++i) {
+    xr[i] = a.x.qt + (r0 + rb + i) * xs + g / 8 * 256;
+    for (int p = 0; p < NP; ++p) lo[i][p] = hi[i][p] = _mm512_setzero_si512();
+  }
+  for (int t = 0; t < 8; ++t) {
+    for (int i = 0; i < RS; ++i) {
+      const __m512i xv = _mm512_broadcast_i64x4(load32(xr[i] + 32 * t));
+      for (int p = 0; p < NP; ++p) {
+        if (kHi16 && t >= 4) hi[i][p] = _mm512_dpbusd_epi32(hi[i][p], z[p][t], xv);
+        else lo[i][p] = _mm512_dpbusd_epi32(lo[i][p], z[p][t], xv);
+      }
+    }
+  }
+  for (int i = 0; i < RS; ++i) {
+    const RowTerms terms = row_terms<W, kFull>(a, (r0 + rb + i) * nb + g, live8);
+    for (int p = 0; p < NP; ++p) {
+      __m512i isum = lo[i][p];
+      if constexpr (kHi16) isum = _mm512_add_epi32(isum, _mm512_srai_epi32(hi[i][p], 4));
+      float_step<W, kFull>(acc[p * RB + rb + i], sa[p], sb[p], terms, isum, live);
+    }
+  }
+}
+
 // Packed weights (sp_q8_pack; Q4_0, Q4_1, Q8_0): one group of 8 blocks (full) or the trailing
 // cnt < 8 blocks of NP column pairs (p at pk[p] + at: a full group's 4 vectors (Q8_0: 8) and 16
 // scales (and mins), or the trailing blocks' compact vectors and 2 cnt scales, expanded into
@@ -274,10 +317,10 @@ void tcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
 template <class W, int RB, int NP, bool kFull>
 inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at, int64_t r0,
                    int64_t g, int cnt, __m512* acc) {
-  const int64_t nb = a.x.k / 32, xs = (nb + 7) / 8 * 256;
   const __mmask8 live8 = static_cast<__mmask8>((1u << cnt) - 1);
   const __mmask16 live = static_cast<__mmask16>(live8 | (live8 << 8));
   constexpr int V = kNibbles<W> ? 4 : 8;  // vectors of a full group (Q8_0: 8, no nibbles)
+  constexpr bool kHi16 = kNibbles<W> && RB <= kHi16Rows;
   const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const __mmask16 words = static_cast<__mmask16>((1u << (2 * cnt)) - 1);
   const __m512i spread = tail_spread(cnt);
@@ -292,7 +335,8 @@ inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at
                       live, spread, _mm512_maskz_loadu_epi32(words, b + 8 * cnt * w));
       if constexpr (V == 4) {
         z[p][w] = _mm512_and_si512(v, low);
-        z[p][w + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low);
+        z[p][w + 4] = kHi16 ? _mm512_andnot_si512(low, v)  // 16 x the high nibbles
+                            : _mm512_and_si512(_mm512_srli_epi32(v, 4), low);
       } else {
         z[p][w] = _mm512_xor_si512(v, flip);  // Q8_0 as w + 128
       }
@@ -305,18 +349,12 @@ inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at
       tail_scales<W, V>(b, cnt, live, spread, &sa[p], &sb[p]);
     }
   }
-  for (int r = 0; r < RB; ++r) {
-    const int8_t* xr = a.x.qt + (r0 + r) * xs + g / 8 * 256;
-    __m512i lo[NP];
-    for (int p = 0; p < NP; ++p) lo[p] = _mm512_setzero_si512();
-    for (int t = 0; t < 8; ++t) {
-      const __m512i xv = _mm512_broadcast_i64x4(load32(xr + 32 * t));
-      for (int p = 0; p < NP; ++p) lo[p] = _mm512_dpbusd_epi32(lo[p], z[p][t], xv);
-    }
-    const RowTerms terms = row_terms<W, kFull>(a, (r0 + r) * nb + g, live8);
-    for (int p = 0; p < NP; ++p) {
-      float_step<W, kFull>(acc[p * RB + r], sa[p], sb[p], terms, lo[p], live);
-    }
+  constexpr int RS = RB < kRowsInterleaved ? RB : kRowsInterleaved, kRest = RB % RS;
+  for (int r = 0; r + RS <= RB; r += RS) {
+    prows<W, NP, kFull, RS, kHi16>(a, z, sa, sb, r0, g, r, RB, live8, live, acc);
+  }
+  if constexpr (kRest > 0) {
+    prows<W, NP, kFull, kRest, kHi16>(a, z, sa, sb, r0, g, RB - kRest, RB, live8, live, acc);
   }
 }
 
@@ -328,6 +366,17 @@ inline __m128 reduce8x2(__m512 v) {
   v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
   v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
   return _mm_unpacklo_ps(_mm512_castps512_ps128(v), _mm512_extractf32x4_ps(v, 2));
+}
+
+// reduce8 of the four 256-bit halves of u and v (columns u0, u1, v0, v1) at once, the same
+// sums in the same order as reduce8x2: lane i + lane i + 4, then + lane i + 2, then + lane i + 1.
+inline __m128 reduce8x4(__m512 u, __m512 v) {
+  // 128-bit quarters (u0 lo, u1 lo, v0 lo, v1 lo) + (u0 hi, u1 hi, v0 hi, v1 hi)
+  __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(u, v, 0x88), _mm512_shuffle_f32x4(u, v, 0xdd));
+  s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4e));
+  s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xb1));
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s));
 }
 
 // Prefetch distance of packed weights, in column pairs, into L2 (_MM_HINT_T1). Into L1 (T0) at
@@ -354,6 +403,38 @@ inline void prefetch_first_pairs(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1
   for (int64_t o = p0 * pair; o < p1 * pair; o += 64) _mm_prefetch(w + o, _MM_HINT_T1);
 }
 
+inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+// Vector w of the dense trailing group of Q = 8 / T pairs (src[q] + o: pair q's 2T words of it,
+// 8T bytes, for lanes 2T q ..): 64-bit quarters of 128-bit lanes (T = 1), 128-bit lanes (T = 2)
+// or 256-bit halves (T = 4).
+inline __m512i tail_vector(const uint8_t* const* src, int64_t o, int T) {
+  if (T == 4) return pair512(load32(src[0] + o), load32(src[1] + o));
+  const auto ld8 = [](const uint8_t* p) {
+    return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  };
+  __m128i l[4];
+  for (int i = 0; i < 4; ++i) {
+    l[i] = T == 2 ? load16(src[i] + o)
+                  : _mm_unpacklo_epi64(ld8(src[2 * i] + o), ld8(src[2 * i + 1] + o));
+  }
+  return pair512(_mm256_inserti128_si256(_mm256_castsi128_si256(l[0]), l[1], 1),
+                 _mm256_inserti128_si256(_mm256_castsi128_si256(l[2]), l[3], 1));
+}
+
+// The first T words at x (one activation step of the trailing group), repeated every T lanes.
+inline __m512i tail_x(const int8_t* x, int T) {
+  if (T == 2) {
+    int64_t v;
+    std::memcpy(&v, x, 8);
+    return _mm512_set1_epi64(v);
+  }
+  if (T == 4) return _mm512_broadcast_i32x4(load16(x));
+  int v;
+  std::memcpy(&v, x, 4);
+  return _mm512_set1_epi32(v);
+}
+
 // The trailing group of T = 1, 2 or 4 blocks (k / 32 % 8) of Q = 8 / T column pairs at once:
 // their packed tails hold 2T words per pair and vector (column c, block j at word T c + j), so
 // the Q pairs' words fill one 512-bit vector (pair q at lanes 2T q ..), and step t's activation
@@ -368,19 +449,11 @@ inline void ptail_sums(const sp::Q8GemmArgs& a, int64_t pair0, int64_t last, int
   constexpr int V = kNibbles<W> ? 4 : 8;
   const int Q = 8 / T, bytes = 8 * T;  // a pair's words of one vector: 2T, 8T bytes
   const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __mmask16 words = static_cast<__mmask16>((1u << (2 * T)) - 1);
-  const uint8_t* src[8];  // pair q's tail, shifted so that its words land at lane 2T q
-  for (int q = 0; q < Q; ++q) {
-    const int64_t pi = pair0 + q <= last ? pair0 + q : last;
-    src[q] = a.w + pi * pair + at - static_cast<int64_t>(bytes) * q;
-  }
+  const uint8_t* src[8];  // pair q's tail
+  for (int q = 0; q < Q; ++q) src[q] = a.w + (pair0 + q <= last ? pair0 + q : last) * pair + at;
   __m512i z[8];
   for (int w = 0; w < V; ++w) {
-    __m512i v = _mm512_setzero_si512();
-    for (int q = 0; q < Q; ++q) {
-      v = _mm512_mask_loadu_epi32(v, static_cast<__mmask16>(words << (2 * T * q)),
-                                  src[q] + static_cast<int64_t>(bytes) * w);
-    }
+    const __m512i v = tail_vector(src, static_cast<int64_t>(bytes) * w, T);
     if constexpr (V == 4) {
       z[w] = _mm512_and_si512(v, low);
       z[w + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low);
@@ -388,16 +461,10 @@ inline void ptail_sums(const sp::Q8GemmArgs& a, int64_t pair0, int64_t last, int
       z[w] = _mm512_xor_si512(v, flip);  // Q8_0 as w + 128
     }
   }
-  const __m512i rep = _mm512_setr_epi32(0, 1 % T, 2 % T, 3 % T, 4 % T, 5 % T, 6 % T, 7 % T,
-                                        8 % T, 9 % T, 10 % T, 11 % T, 12 % T, 13 % T, 14 % T,
-                                        15 % T);
   for (int r = 0; r < RB; ++r) {
     const int8_t* xr = a.x.qt + (r0 + r) * xs + nb / 8 * 256;
     __m512i lo = _mm512_setzero_si512();
-    for (int t = 0; t < 8; ++t) {
-      const __m512i xv = _mm512_permutexvar_epi32(rep, _mm512_castsi256_si512(load32(xr + 32 * t)));
-      lo = _mm512_dpbusd_epi32(lo, z[t], xv);
-    }
+    for (int t = 0; t < 8; ++t) lo = _mm512_dpbusd_epi32(lo, z[t], tail_x(xr + 32 * t, T));
     sums[r] = lo;
   }
 }
@@ -431,7 +498,8 @@ inline void ptail_apply(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64
 // Packed weights: columns [c0, c1) for rows [r0, r0 + RB), two column pairs at a time (pairs
 // start at even columns; a column outside [c0, c1) is computed and not stored). A trailing
 // group of 1, 2 or 4 blocks is summed for 8 / T pairs at once first (ptail_sums), others per
-// two pairs (pgroup).
+// two pairs (pgroup). Where all 4 columns of the two pairs are stored, one reduce8x4 per row
+// sums them (instead of a reduce8x2 per pair) and one 128-bit store writes them.
 template <class W, int RB>
 void pcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
   constexpr int NP = 2;
@@ -467,6 +535,16 @@ void pcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
         ptail_apply<W, RB, NP>(a, pk, ng * group, r0, T, qi, sums, acc);
       } else if (cnt > 0) {
         pgroup<W, RB, NP, false>(a, pk, ng * group, r0, 8 * ng, T, acc);
+      }
+      static_assert(NP == 2);
+      if (pi[1] == pi[0] + 1 && 2 * pi[0] >= c0 && 2 * pi[1] + 1 < c1) {  // 4 columns stored
+        const int64_t col = 2 * pi[0];
+        for (int r = 0; r < RB; ++r) {
+          __m128 y = reduce8x4(acc[r], acc[RB + r]);
+          if (a.bias != nullptr) y = _mm_add_ps(y, _mm_loadu_ps(a.bias + col));
+          _mm_storeu_ps(a.y + (r0 + r) * a.n + col, y);
+        }
+        continue;
       }
       for (int p = 0; p < NP; ++p) {
         if (p > 0 && pi[p] == pi[p - 1]) continue;
