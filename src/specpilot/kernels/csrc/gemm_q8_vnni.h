@@ -271,8 +271,9 @@ constexpr int kRowsInterleaved = 4;
 // Calls of at most this many rows decode a nibble type's high nibbles as v & 0xf0 (16 times
 // their value: one op instead of a shift and a mask) into integer sums of their own, exact
 // multiples of 16 (u8 x s8 products, summed in int32): isum = lo + (hi >> 4), the same integers.
-// It costs an add and a shift per row and group, which at 2 rows already outweighs the shifts
-// saved (bench/gemm_rows.py; BENCHMARKS.md, first session of 2026-12-08).
+// It costs an add and a shift per row and group, which at 2 rows already outweighed the shifts
+// saved in single-thread timings (bench/q8_kernel_ab.py; BENCHMARKS.md, sixth session of
+// 2026-12-07).
 constexpr int kHi16Rows = 1;
 
 // RS rows (r0 + rb ..) of pgroup's group: their exact integer sums from the decoded steps z of
