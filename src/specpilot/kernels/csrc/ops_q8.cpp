@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <memory>
 #include <tuple>
@@ -94,34 +95,49 @@ void run_q8(const sp::Q8GemmArgs& a, int path, int64_t n0, int64_t n1, int rt, i
   }
 }
 
-// The Q8 blocks of x (m, k) for the kernel of path: uninitialized scratch, every element
-// written by the quantization; with sums, the integer block sums; with interleaved, from
-// sp::kQ8InterleaveRows rows (from `from` rows where given: packed weights read it at any m),
-// the interleaved copy of q the lanes schedules read (sp_q8_interleave).
+// A buffer of at least n elements in the calling thread's scratch slot `slot`, reused by every
+// call on that thread (a call's activations live until it returns; calls on one thread do not
+// nest): a decode step makes ~120 GEMM calls, each of which would otherwise allocate and free
+// four small buffers.
+template <class T>
+T* scratch(int slot, int64_t n) {
+  thread_local std::array<std::unique_ptr<uint8_t[]>, 4> bufs;
+  thread_local std::array<size_t, 4> sizes{};
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T);
+  if (sizes[slot] < bytes) {
+    bufs[slot].reset(new uint8_t[bytes]);
+    sizes[slot] = bytes;
+  }
+  return reinterpret_cast<T*>(bufs[slot].get());
+}
+
+// The Q8 blocks of x (m, k) for the kernel of path, in the calling thread's scratch (every
+// element written by the quantization); with sums, the integer block sums; with interleaved,
+// from sp::kQ8InterleaveRows rows (from `from` rows where given: packed weights read it at any
+// m), the interleaved copy of q the lanes schedules read (sp_q8_interleave).
 class Activations {
  public:
   Activations(const at::Tensor& x, int path, bool sums, bool interleaved, int64_t from = 0)
       : m_(x.size(0)), k_(x.size(1)), nb_(k_ / 32),
-        q_(new int8_t[static_cast<size_t>(m_ * k_)]),
-        ds_(new float[static_cast<size_t>(2 * m_ * nb_)]),
-        qsum_(sums ? new int32_t[static_cast<size_t>(m_ * nb_)] : nullptr) {
-    quantize(path >= 2, x.data_ptr<float>(), m_, k_, q_.get(), ds_.get(), ds_.get() + m_ * nb_,
-             qsum_.get());
+        q_(scratch<int8_t>(0, m_ * k_)),
+        ds_(scratch<float>(1, 2 * m_ * nb_)),
+        qsum_(sums ? scratch<int32_t>(2, m_ * nb_) : nullptr) {
+    quantize(path >= 2, x.data_ptr<float>(), m_, k_, q_, ds_, ds_ + m_ * nb_, qsum_);
     if (interleaved && m_ >= (from > 0 ? from : sp::kQ8InterleaveRows)) {
-      qt_.reset(new int8_t[static_cast<size_t>(m_ * ((nb_ + 7) / 8) * 256)]);
-      sp_q8_interleave(q_.get(), m_, k_, qt_.get());
+      qt_ = scratch<int8_t>(3, m_ * ((nb_ + 7) / 8) * 256);
+      sp_q8_interleave(q_, m_, k_, qt_);
     }
   }
-  sp::Q8Rows rows() const {
-    return {q_.get(), ds_.get(), ds_.get() + m_ * nb_, m_, k_, qsum_.get(), qt_.get()};
-  }
+  Activations(const Activations&) = delete;
+  Activations& operator=(const Activations&) = delete;
+  sp::Q8Rows rows() const { return {q_, ds_, ds_ + m_ * nb_, m_, k_, qsum_, qt_}; }
 
  private:
   int64_t m_, k_, nb_;
-  std::unique_ptr<int8_t[]> q_;
-  std::unique_ptr<float[]> ds_;
-  std::unique_ptr<int32_t[]> qsum_;
-  std::unique_ptr<int8_t[]> qt_;
+  int8_t* q_;
+  float* ds_;
+  int32_t* qsum_;
+  int8_t* qt_ = nullptr;
 };
 
 void check_x(const at::Tensor& x, int64_t k) {
