@@ -98,7 +98,8 @@ void run_q8(const sp::Q8GemmArgs& a, int path, int64_t n0, int64_t n1, int rt, i
 // A buffer of at least n elements in the calling thread's scratch slot `slot`, reused by every
 // call on that thread (a call's activations live until it returns; calls on one thread do not
 // nest): a decode step makes ~120 GEMM calls, each of which would otherwise allocate and free
-// four small buffers.
+// four small buffers. A slot keeps the largest size any call on the thread asked for (a long
+// prefill's m x k bytes of int8, twice, until the thread exits).
 template <class T>
 T* scratch(int slot, int64_t n) {
   thread_local std::array<std::unique_ptr<uint8_t[]>, 4> bufs;
