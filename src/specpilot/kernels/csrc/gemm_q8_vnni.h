@@ -265,8 +265,12 @@ void tcolumns(const sp::Q8GemmArgs& a, int64_t c0, int64_t c1, int64_t r0) {
 }
 
 // Rows whose integer sums pgroup interleaves step by step (independent dpbusd chains side by
-// side: 2 RS of the 32 registers beside the 16 decoded steps).
-constexpr int kRowsInterleaved = 4;
+// side: 2 RS of the 32 registers beside the 16 decoded steps): all of up to 3 rows, else runs
+// of 4 for the nibble types and of 2 for Q8_0, whose offset terms take registers of their own
+// (at 4 rows its LM head-sized calls ran 8% faster in runs of 2 than as one run of 4;
+// bench/q8_kernel_ab.py, BENCHMARKS.md, sixth session of 2026-12-07).
+template <class W, int RB>
+constexpr int kRowsInterleaved = RB <= 3 ? RB : kNibbles<W> ? 4 : 2;
 
 // Calls of at most this many rows decode a nibble type's high nibbles as v & 0xf0 (16 times
 // their value: one op instead of a shift and a mask) into integer sums of their own, exact
@@ -350,7 +354,7 @@ inline void pgroup(const sp::Q8GemmArgs& a, const uint8_t* const* pk, int64_t at
       tail_scales<W, V>(b, cnt, live, spread, &sa[p], &sb[p]);
     }
   }
-  constexpr int RS = RB < kRowsInterleaved ? RB : kRowsInterleaved, kRest = RB % RS;
+  constexpr int RS = kRowsInterleaved<W, RB>, kRest = RB % RS;
   for (int r = 0; r + RS <= RB; r += RS) {
     prows<W, NP, kFull, RS, kHi16>(a, z, sa, sb, r0, g, r, RB, live8, live, acc);
   }
