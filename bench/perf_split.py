@@ -7,7 +7,8 @@ seconds of the recording (a timing loop after the model load).
         --context 200 --rows 1 --repeats 800
     python bench/perf_split.py perf.data [--last 3]
 
-Needs ``perf`` (software clock events: no hardware counters). A diagnostic of the serial work
+Needs ``perf`` (software clock events: no hardware counters); a recording without ``-g`` (one
+line per sample). A diagnostic of the serial work
 between parallel regions (one thread busy, the other waiting) and of kernel time per class.
 """
 

@@ -28,6 +28,8 @@ inline __m512i pair512(__m256i lo, __m256i hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
+inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
 inline __m512 pair512(__m256 lo, __m256 hi) {
   return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
@@ -52,15 +54,12 @@ constexpr bool kNibbles = std::is_same_v<W, WQ4_0> || std::is_same_v<W, WQ4_1>;
 template <class W>
 inline void nibble_steps(const uint8_t* a, const uint8_t* b, __m512i* z) {
   constexpr int S = W::kBytes, O = std::is_same_v<W, WQ4_0> ? 2 : 4;
-  const auto ld = [](const uint8_t* p) {
-    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  };
   __m512i y[4];
   for (int j = 0; j < 4; ++j) {
-    __m512i v = _mm512_castsi128_si512(ld(a + j * S + O));
-    v = _mm512_inserti32x4(v, ld(a + (j + 4) * S + O), 1);
-    v = _mm512_inserti32x4(v, ld(b + j * S + O), 2);
-    y[j] = _mm512_inserti32x4(v, ld(b + (j + 4) * S + O), 3);
+    __m512i v = _mm512_castsi128_si512(load16(a + j * S + O));
+    v = _mm512_inserti32x4(v, load16(a + (j + 4) * S + O), 1);
+    v = _mm512_inserti32x4(v, load16(b + j * S + O), 2);
+    y[j] = _mm512_inserti32x4(v, load16(b + (j + 4) * S + O), 3);
   }
   const __m512i a0 = _mm512_unpacklo_epi32(y[0], y[1]), a1 = _mm512_unpackhi_epi32(y[0], y[1]);
   const __m512i a2 = _mm512_unpacklo_epi32(y[2], y[3]), a3 = _mm512_unpackhi_epi32(y[2], y[3]);
@@ -407,8 +406,6 @@ inline void prefetch_first_pairs(const sp::Q8GemmArgs& a, int64_t n0, int64_t n1
   const char* w = reinterpret_cast<const char*>(a.w);
   for (int64_t o = p0 * pair; o < p1 * pair; o += 64) _mm_prefetch(w + o, _MM_HINT_T1);
 }
-
-inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 
 // Vector w of the dense trailing group of Q = 8 / T pairs (src[q] + o: pair q's 2T words of it,
 // 8T bytes, for lanes 2T q ..): 64-bit quarters of 128-bit lanes (T = 1), 128-bit lanes (T = 2)
