@@ -16,7 +16,7 @@ from specpilot.kernels import step
 from specpilot.kernels.linear import set_schedule
 from specpilot.loading.native import load_native
 from specpilot.model import Packing, Transformer, causal_mask
-from specpilot.profiling import KERNEL_CLASSES, set_kernel_ranges
+from specpilot.profiling import KERNEL_CLASSES, clocking, kernel_range, set_kernel_ranges
 
 from .conftest import tiny_model
 from .test_native_load import files  # noqa: F401  (the tiny GGUF files fixture)
@@ -93,23 +93,65 @@ def test_fp32_weights_with_row_ops() -> None:
     _both(make)
 
 
-def test_module_forward_without_fixed_attention_lean_one_with_ranges(files: dict[str, Path]) -> None:  # noqa: F811, E501
+def test_module_forward_without_fixed_attention_lean_one_with_ranges(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:  # fmt: skip
     """Exact attention runs the module forward; with the profiler ranges on, the lean forward
-    runs and emits every kernel class's range itself (a profile measures the forward that runs)."""
-    m = load_native(files["llama"])[0]
-    m.setup_cache(LEN, attention="exact")
-    m(torch.tensor([[5, 6]]), torch.arange(2)[None], 0, 2)
-    assert m._plan is None
-    m.setup_cache(LEN, attention="fixed")
-    set_kernel_ranges(True)
-    try:
-        with torch.profiler.profile() as prof:
+    runs: its Python loop emits every kernel class's range itself; the one-op forward emits
+    none inside (the LM head's, outside it, only) and times every class with its own clock
+    when that is on (a profile measures the forward that runs)."""
+    for loop in (True, False):
+        with monkeypatch.context() as mp:
+            if loop:
+                mp.setattr(step.stack, "pack", lambda *a: None)
+            m = load_native(files["llama"])[0]
+            m.setup_cache(LEN, attention="exact")
             m(torch.tensor([[5, 6]]), torch.arange(2)[None], 0, 2)
-        assert m._plan is not None
-    finally:
-        set_kernel_ranges(False)
-    names = {e.name for e in prof.events()}
-    assert set(KERNEL_CLASSES) <= names, set(KERNEL_CLASSES) - names
+            assert m._plan is None
+            m.setup_cache(LEN, attention="fixed")
+            set_kernel_ranges(True)
+            try:
+                with torch.profiler.profile() as prof:
+                    m(torch.tensor([[5, 6]]), torch.arange(2)[None], 0, 2)
+                assert m._plan is not None and (m._plan.stack is None) == loop
+            finally:
+                set_kernel_ranges(False)
+            with clocking() as clock:
+                m(torch.tensor([[5, 6]]), torch.arange(2)[None], 0, 2)
+        names = {e.name for e in prof.events()}
+        if loop:
+            assert set(KERNEL_CLASSES) <= names, set(KERNEL_CLASSES) - names
+            assert not clock
+        else:
+            assert "specpilot::lean_layers" in names and "lm_head" in names  # the LM head GEMM
+            assert not set(KERNEL_CLASSES) - {"lm_head"} & names
+            assert sorted(clock) == sorted(KERNEL_CLASSES)
+            assert all(s > 0 for s in clock.values()), clock
+
+
+def test_the_op_clock_keeps_the_bits_and_skips_outer_ranges(files: dict[str, Path]) -> None:  # noqa: F811
+    """With its clock on the one-op forward gives the same bits; its classes sum to at most the
+    forward's wall time; inside an outer range (prefill, drafter) it is not clocked: that
+    range's time holds it."""
+    import time
+
+    m = load_native(files["gemma3"])[0]
+    m.set_numerics("int8")
+    m.setup_cache(LEN, attention="fixed")
+    toks, pos = torch.tensor([[5, 6, 7]]), torch.arange(3)[None]
+    with torch.inference_mode():
+        want = m(toks, pos, 0, 3).logits
+        with clocking() as clock:
+            t = time.perf_counter()
+            got = m(toks, pos, 0, 3).logits
+            wall = time.perf_counter() - t
+        seen = dict(clock)
+        with clocking() as clock, kernel_range("prefill"):
+            inner = m(toks, pos, 0, 3).logits
+    assert m._plan is not None and m._plan.stack is not None
+    assert torch.equal(got, want) and torch.equal(inner, want)
+    assert sorted(seen) == sorted(KERNEL_CLASSES) and 0 < sum(seen.values()) <= wall
+    assert not clock
 
 
 def test_prepack_after_a_forward_rebuilds_the_plan() -> None:

@@ -272,8 +272,10 @@ def render(console: Any, r: Any, plan: str, max_new_tokens: int) -> None:
     console.print(
         f"profiler: {pr['events_per_step']:.0f} events/step at {pr['per_event_us']:.2f} us each "
         f"(profiled wall {pr['profiled_wall_step_ms']:.1f} ms/step; kernel time "
-        f"{pr['raw_kernel_step_ms']:.1f} ms raw -> {r.kernel_step_ms:.1f} ms corrected)"
-    )
+        f"{pr['raw_kernel_step_ms']:.1f} ms raw -> {r.kernel_step_ms:.1f} ms corrected"
+        + (f", of which {pr['clocked_ms_per_step']:.1f} ms timed by the one-op forward's own "
+           "clock" if pr.get("clocked_ms_per_step") else "") + ")"
+    )  # fmt: skip
     phases = ", ".join(f"{name} {s:.1f}s" for name, s in r.phases_s.items())
     console.print(f"profile wall time {r.profile_s:.1f}s ({phases})")
     console.print(f"token forcing: {r.forcing}")

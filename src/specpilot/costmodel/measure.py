@@ -8,7 +8,10 @@ no Python event tree, so a few hundred thousand events cost tens of milliseconds
 nested inside a ``prefill`` or ``drafter`` range belongs to that outer range (a draft model runs
 the same module and emits the same names).
 
-* CPU: a class's time is the wall duration of its ranges (CPU kernels are synchronous). The
+* CPU: a class's time is the wall duration of its ranges (CPU kernels are synchronous). A
+  forward run as one op call (``specpilot::lean_layers``) has no ranges inside: it times its
+  classes itself with its clock (:func:`specpilot.profiling.clocking`) in the plan's run
+  without the profiler (:attr:`ClassTimes.clocked`, per step of that run). The
   profiler itself adds a cost to every recorded event (a SmolLM2 step records ~5,000). It is
   calibrated on the workload itself: the profiled run's wall time per step minus the plain run's,
   divided by the events recorded per step, is the cost per event; each class then loses its
@@ -38,10 +41,10 @@ import torch
 from torch.autograd.profiler import profile as kineto_profile
 
 from specpilot.engine import Engine
-from specpilot.profiling import KERNEL_CLASSES, set_kernel_ranges
+from specpilot.profiling import KERNEL_CLASSES, OUTER_RANGES, set_kernel_ranges
 from specpilot.tree import DraftTree
 
-OUTER = ("prefill", "drafter")
+OUTER = OUTER_RANGES
 RANGE_NAMES = frozenset((*KERNEL_CLASSES, *OUTER))
 
 R = TypeVar("R")
@@ -62,6 +65,9 @@ class ClassTimes:
     """Every recorded CPU event, inside the ranges or not."""
     draft_o_proj: int = 0
     """``o_proj`` ranges inside ``drafter`` ranges: a draft model's forwards x its layers."""
+    clocked: dict[str, float] = field(default_factory=dict)
+    """Seconds per class a one-op forward timed itself in the run without the profiler (no
+    events, nothing to correct; per step of that run, not of the profiled one)."""
 
     def add(self, other: ClassTimes) -> None:
         for k, v in other.seconds.items():
@@ -70,6 +76,11 @@ class ClassTimes:
             self.events[k] = self.events.get(k, 0) + n
         self.all_events += other.all_events
         self.draft_o_proj += other.draft_o_proj
+        self.add_clocked(other.clocked)
+
+    def add_clocked(self, clocked: dict[str, float]) -> None:
+        for k, v in clocked.items():
+            self.clocked[k] = self.clocked.get(k, 0.0) + v
 
     def corrected(self, per_event_s: float) -> dict[str, float]:
         """Seconds per class with ``per_event_s`` removed for every event recorded inside, but

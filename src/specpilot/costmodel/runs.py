@@ -1,9 +1,10 @@
 """Step 1 of a profile: the reference, plain and profiled runs per prompt, token-forced.
 
 Per prompt, interleaved so that machine drift hits all three alike: the AR reference, the plan
-without the profiler (tau_actual, wall time per step) and the plan under torch.profiler with the
-kernel ranges on (kernel time per class). Each of the two plan runs has its own drafter, fed the
-prompts in the same order.
+without the profiler (tau_actual, wall time per step; the kernel classes of a forward run as one
+op call, timed by its own clock: :func:`specpilot.profiling.clocking`) and the plan under
+torch.profiler with the kernel ranges on (kernel time of every other class). Each of the two
+plan runs has its own drafter, fed the prompts in the same order.
 
 Both plan runs go through :func:`specpilot.forcing.check` against the references as soon as they
 exist: a plan whose output differs from plain decoding is lossy, and timing it would measure the
@@ -22,6 +23,7 @@ from specpilot.drafters.base import Drafter
 from specpilot.engine import Engine, GenerationConfig, GenerationResult
 from specpilot.errors import SpecPilotError
 from specpilot.forcing import ForcingReport, Reference, check
+from specpilot.profiling import clocking
 from specpilot.tree import TreeSpec
 
 ProgressFn = Callable[[str, int, int], None]
@@ -112,12 +114,16 @@ def timed_runs(
     prof_out: dict[str, list[int]] = {}
     reps = out.forcing
     for i, (key, (_, ids)) in enumerate(zip(prompt_keys(prompts), prompts, strict=True)):
-        ref = engine.generate(ids, ref_gen, eos_ids=eos_ids)
+        with clocking() as clock:  # the plain decoding reference is the plan's run without one
+            ref = engine.generate(ids, ref_gen, eos_ids=eos_ids)
+            ref_clock = dict(clock)
         margins = tuple(ref.margins) if ref.margins else None
         references.append(Reference(key, tuple(ref.tokens), margins))
         run = ref
         if speculative:
-            run = engine.generate(ids, gen, drafter=d_plain, spec=spec, eos_ids=eos_ids)
+            with clocking() as clock:
+                run = engine.generate(ids, gen, drafter=d_plain, spec=spec, eos_ids=eos_ids)
+        out.times.add_clocked(dict(clock) if speculative else ref_clock)
         plain_out[key] = run.tokens
         plain_rep = force(references, plain_out, how, "plain")
         prof, ct = profiled(

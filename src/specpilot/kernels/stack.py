@@ -10,8 +10,8 @@ have the same bits (tests/test_lean_step.py); what it saves is only the Python b
 the floats; the layout is in the op's source) and returns None where the op does not apply: a
 linear that is not a :class:`~specpilot.kernels.linear.GGUFLinear` (or a fused
 :class:`~specpilot.kernels.linear.GGUFMultiLinear` of them) running one op, parts that mix
-numerics profiles or biases. The step falls back to the Python loop then, and while the
-profiler ranges are on (the cost model times each kernel class there).
+numerics profiles or biases. The step falls back to the Python loop then. With the class clock
+on (:func:`specpilot.profiling.clocking`) the op times its own kernel classes (its ``clock``).
 """
 
 from __future__ import annotations
@@ -143,14 +143,17 @@ def run(
     ints: tuple[int, int, int, int],
     want: set[int],
     pack: tuple[Tensor, int] | None = None,
+    clock: Tensor | None = None,
 ) -> tuple[Tensor, dict[int, Tensor]]:
     """The layers and the final norm on ``x`` (rows, dim), as :func:`step.run`: the normed final
     state and the wanted layer inputs. ``tables``: (cos, sin, mask) of the full-attention and
     (if any) the sliding layers; ``ints``: (slot0, kv_len, batch, cache_row); ``pack``: the
-    real rows of a padded call and the rows of its padded layout (the attention runs on it)."""
+    real rows of a padded call and the rows of its padded layout (the attention runs on it);
+    ``clock``: seconds per kernel class are added to it (:func:`~specpilot.profiling.class_clock`).
+    """
     local = tables[1] if len(tables) > 1 else (None, None, None)
     index, padded = pack if pack is not None else (None, 0)
     call = [*tables[0], *local, slots, index]
     keep = sorted(i for i in want if 0 <= i <= s.n_layers)
-    out = s.op(x, s.tensors, s.caches, s.ints, s.floats, call, [*ints, padded], keep)
+    out = s.op(x, s.tensors, s.caches, s.ints, s.floats, call, [*ints, padded], keep, clock)
     return out[0], dict(zip(keep, out[1:], strict=True))

@@ -9,11 +9,13 @@ gate_up, the gated activation, down, and the residual add fused with the next la
 (the final norm after the last layer). Every op computes what the module path computes, on the
 same inputs, so the bits are the same (``h + d`` and ``d + h`` are one IEEE addition).
 
-With the profiler ranges on (:mod:`specpilot.profiling`) the same ops run inside the cost
-model's kernel-class ranges: ``qkv`` the projection and the input norm (fused with the previous
-layer's last residual add), ``attention`` ``rope_attention`` (so RoPE counts as attention here,
-not as ``qkv`` as in the module forward), ``o_proj``, ``gate_up`` the post-attention residual +
-norm and the gated activation, ``down``, and ``lm_head`` the final norm.
+The one op call emits no profiler ranges inside; with the class clock on
+(:func:`specpilot.profiling.clocking`) it times its kernel classes itself, grouped as the Python
+loop (which runs where the op does not apply) groups its ops in the cost model's kernel-class
+ranges: ``qkv`` the projection and the input norm (fused with the previous layer's last residual
+add), ``attention`` ``rope_attention`` (so RoPE counts as attention here, not as ``qkv`` as in
+the module forward), ``o_proj``, ``gate_up`` the post-attention residual + norm and the gated
+activation, ``down``, and ``lm_head`` the final norm.
 
 :func:`plan` reads the layers once (op handles, weights, the caches); it duck-types the
 Transformer (this layer sits below ``model``). :func:`run` is the forward itself. :class:`Packing`
@@ -33,7 +35,7 @@ from torch import Tensor
 from specpilot.kernels import rowops, stack
 from specpilot.kernels.attention import ops as attention_ops
 from specpilot.kernels.linear import schedule_version
-from specpilot.profiling import kernel_range, kernel_ranges_enabled
+from specpilot.profiling import add_clock, class_clock, kernel_range
 
 
 @dataclass(frozen=True)
@@ -196,11 +198,15 @@ def _attend(p: Plan, lay: Layer, c: Call, a: Tensor, op: Any) -> Tensor:
 def run(p: Plan, x: Tensor, c: Call, want: set[int]) -> tuple[Tensor, dict[int, Tensor]]:
     """The decoder layers and the final norm on ``x`` (rows, dim): the normed final state and
     the requested layer inputs (``want``; index len(layers) is the normed final state). One op
-    call for all the layers where :attr:`Plan.stack` applies (not under the profiler ranges)."""
-    if p.stack is not None and not kernel_ranges_enabled():
+    call for all the layers where :attr:`Plan.stack` applies; with the class clock on it times
+    its kernel classes itself (:func:`specpilot.profiling.clocking`)."""
+    if p.stack is not None:
         ints = (c.slot0, c.kv_len, c.batch, c.cache_row)
         pack = None if c.pack is None else (c.pack.index, c.pack.batch * c.pack.width)
-        return stack.run(p.stack, x, c.tables, c.slots, ints, want, pack)
+        clock = class_clock()
+        out = stack.run(p.stack, x, c.tables, c.slots, ints, want, pack, clock)
+        add_clock(clock)
+        return out
     ro = rowops.ops()
     rms, add_rms = ro.rms_norm.default, ro.add_rms_norm.default
     attend = attention_ops().rope_attention.default

@@ -21,7 +21,14 @@
 //             when the model has none), slots (None: contiguous from slot0), the real rows of a
 //             packed call in the padded layout (None: not packed)];
 //   call_ints [slot0, kv_len, batch, cache_row, rows of the padded layout];
-//   want      layer inputs to return (index n_layers: the normed final state).
+//   want      layer inputs to return (index n_layers: the normed final state);
+//   clock     None, or float64 (6,) seconds added per kernel class of the cost model, in the
+//             order of specpilot.profiling.KERNEL_CLASSES (qkv, attention, o_proj, gate_up,
+//             down, lm_head), grouped as step.run's profiler ranges group them: qkv the input
+//             norm (fused with the last residual add) and the projection, attention
+//             rope_attention, gate_up the residual add + norm and the gated activation, lm_head
+//             the final norm; the pad and unpad of a packed call count in none. Two clock reads
+//             a section (~40 ns): the cost model times the forward that runs.
 // A packed call (step.Packing) runs every op on the real rows but the attention, which runs on
 // the padded layout (pad rows zero), as step._attend does.
 // Returns [the normed final state, then the wanted states in the order of want].
@@ -30,6 +37,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <vector>
 
 #include "ops_api.h"
@@ -107,6 +115,32 @@ Linear read_linear(Reader& r, at::TensorList t) {
   return l;
 }
 
+// Seconds per kernel class (the clock argument), or nothing when none is given.
+enum Cls { kQkv = 0, kAttention, kOProj, kGateUp, kDown, kLmHead, kClasses };
+
+struct Clock {
+  double* acc = nullptr;
+  std::chrono::steady_clock::time_point t;
+  explicit Clock(const c10::optional<at::Tensor>& c) {
+    if (!c.has_value()) return;
+    TORCH_CHECK(c->scalar_type() == at::kDouble && c->numel() == kClasses && c->is_contiguous(),
+                "specpilot: lean_layers clock must be a contiguous float64 tensor of ", kClasses);
+    acc = c->data_ptr<double>();
+    t = std::chrono::steady_clock::now();
+  }
+  // The time since the last lap (or mark) goes to class c.
+  void lap(Cls c) {
+    if (acc == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    acc[c] += std::chrono::duration<double>(now - t).count();
+    t = now;
+  }
+  // The time since the last lap goes to no class (glue).
+  void mark() {
+    if (acc != nullptr) t = std::chrono::steady_clock::now();
+  }
+};
+
 struct Layer {
   Linear qkv, o, gate_up, up, down;
   bool fused = true, sliding = false;
@@ -120,7 +154,8 @@ std::vector<at::Tensor> lean_layers(const at::Tensor& x_in, at::TensorList t,
                                     at::TensorList caches, at::IntArrayRef ints,
                                     at::ArrayRef<double> floats,
                                     const c10::List<c10::optional<at::Tensor>>& call,
-                                    at::IntArrayRef call_ints, at::IntArrayRef want) {
+                                    at::IntArrayRef call_ints, at::IntArrayRef want,
+                                    const c10::optional<at::Tensor>& clock) {
   Reader r{ints};
   const int64_t n = r.next();
   const bool gemma = r.next() != 0;
@@ -161,6 +196,7 @@ std::vector<at::Tensor> lean_layers(const at::Tensor& x_in, at::TensorList t,
   };
   std::vector<std::pair<int64_t, at::Tensor>> hidden;
 
+  Clock clk(clock);
   at::Tensor x = x_in;
   at::Tensor a = sp_ops::rms_norm(x, layers[0].norms[0], eps, gemma, isa);
   for (int64_t i = 0; i < n; ++i) {
@@ -168,19 +204,27 @@ std::vector<at::Tensor> lean_layers(const at::Tensor& x_in, at::TensorList t,
     if (wanted(i)) hidden.emplace_back(i, x);
     const size_t tab = lay.sliding && local ? 3 : 0;
     at::Tensor qkv = lay.qkv(a);
+    clk.lap(kQkv);
     if (pack.has_value()) {  // attention on the padded layout: pad rows are zeros
       at::Tensor full = at::zeros({padded, qkv.size(1)}, qkv.options());
       full.index_put_({*pack}, qkv);
       qkv = full;
+      clk.mark();
     }
     at::Tensor o = sp_ops::rope_attention(
         qkv, *call.get(tab), *call.get(tab + 1), lay.q_norm, lay.k_norm, eps, gemma, lay.k_cache,
         lay.v_cache, cache_row, batch, slots, slot0, kv_len, call.get(tab + 2),
         floats[static_cast<size_t>(i) + 1], n_q, n_k, hd, attn_isa);
-    if (pack.has_value()) o = o.index_select(0, *pack);
+    clk.lap(kAttention);
+    if (pack.has_value()) {
+      o = o.index_select(0, *pack);
+      clk.mark();
+    }
     o = lay.o(o);
+    clk.lap(kOProj);
     const at::Tensor& next_norm =
         i + 1 < n ? layers[static_cast<size_t>(i) + 1].norms[0] : final_norm;
+    const Cls next_cls = i + 1 < n ? kQkv : kLmHead;
     const auto act = [&](const at::Tensor& in) {
       if (lay.fused) return sp_ops::glu(lay.gate_up(in), c10::nullopt, kind, isa);
       return sp_ops::glu(lay.gate_up(in), lay.up(in), kind, isa);
@@ -188,15 +232,21 @@ std::vector<at::Tensor> lean_layers(const at::Tensor& x_in, at::TensorList t,
     if (gemma) {
       const at::Tensor h = x + sp_ops::rms_norm(o, lay.norms[1], eps, true, isa);
       a = act(sp_ops::rms_norm(h, lay.norms[2], eps, true, isa));
+      clk.lap(kGateUp);
       x = h + sp_ops::rms_norm(lay.down(a), lay.norms[3], eps, true, isa);
+      clk.lap(kDown);
       a = sp_ops::rms_norm(x, next_norm, eps, true, isa);
+      clk.lap(next_cls);
       continue;
     }
     at::Tensor h;
     std::tie(h, a) = sp_ops::add_rms_norm(o, x, lay.norms[1], eps, false, isa);
     a = act(a);
+    clk.lap(kGateUp);
     const at::Tensor d = lay.down(a);
+    clk.lap(kDown);
     std::tie(x, a) = sp_ops::add_rms_norm(d, h, next_norm, eps, false, isa);
+    clk.lap(next_cls);
   }
   if (wanted(n)) hidden.emplace_back(n, a);
   std::vector<at::Tensor> out{a};
@@ -213,7 +263,8 @@ std::vector<at::Tensor> lean_layers(const at::Tensor& x_in, at::TensorList t,
 TORCH_LIBRARY_FRAGMENT(specpilot, m) {
   m.def(
       "lean_layers(Tensor x, Tensor[] tensors, Tensor(a!)[] caches, int[] ints, "
-      "float[] floats, Tensor?[] call, int[] call_ints, int[] want) -> Tensor[]");
+      "float[] floats, Tensor?[] call, int[] call_ints, int[] want, Tensor(b!)? clock=None) "
+      "-> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(specpilot, CPU, m) { m.impl("lean_layers", &lean_layers); }
