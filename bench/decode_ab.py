@@ -11,7 +11,7 @@ per setting and round); else one sequence, the settings alternating prompt by pr
 one-row tile, else the multi-row one; 0 = the op's default); ``--prefetch``: the int8 GEMMs'
 prefetch distance in columns (the ``kernel_prefetch`` mechanism). Prints per setting tokens per
 second (prefill included), the median and mean time of the layers' op call
-(``specpilot::lean_layers``) per forward of N rows, and whether every setting decoded the same
+(``specpilot::lean_run``) per forward of N rows, and whether every setting decoded the same
 tokens (it must: schedules keep the numerics contract).
 """
 

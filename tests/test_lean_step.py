@@ -123,7 +123,7 @@ def test_module_forward_without_fixed_attention_lean_one_with_ranges(
             assert set(KERNEL_CLASSES) <= names, set(KERNEL_CLASSES) - names
             assert not clock
         else:
-            assert "specpilot::lean_layers" in names and "lm_head" in names  # the LM head GEMM
+            assert "specpilot::lean_run" in names and "lm_head" in names  # the LM head GEMM
             assert not set(KERNEL_CLASSES) - {"lm_head"} & names
             assert sorted(clock) == sorted(KERNEL_CLASSES)
             assert all(s > 0 for s in clock.values()), clock
@@ -184,7 +184,7 @@ def test_one_op_for_the_layers_gives_the_python_loops_bits(
     name: str, numerics: str, threads: int, files: dict[str, Path],  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """``specpilot::lean_layers`` (:mod:`specpilot.kernels.stack`) on ``threads`` threads against
+    """``specpilot::lean_run`` (:mod:`specpilot.kernels.stack`) on ``threads`` threads against
     the Python loop of :func:`specpilot.kernels.step.run` on two, over every call of ``_drive``
     (1 to 12 rows, packed calls too), in both numerics profiles."""
 

@@ -4,7 +4,7 @@ With :func:`set_kernel_ranges` on, each kernel class of :data:`KERNEL_CLASSES` r
 ``torch.profiler.record_function`` range of its name (:mod:`specpilot.costmodel.measure` sums
 them); off (the default) the ranges are one shared no-op context and nothing else changes.
 
-A forward that runs as one op call (``specpilot::lean_layers``, :mod:`specpilot.kernels.stack`)
+A forward that runs as one op call (``specpilot::lean_run``, :mod:`specpilot.kernels.stack`)
 emits no ranges inside; with the class clock on (:func:`clocking`, a run without the profiler,
 whose per-event cost would land in the op's sections) it times its own classes instead
 (:func:`class_clock`, two ``steady_clock`` reads a section) and :func:`add_clock` adds them to

@@ -9,7 +9,7 @@ nested inside a ``prefill`` or ``drafter`` range belongs to that outer range (a 
 the same module and emits the same names).
 
 * CPU: a class's time is the wall duration of its ranges (CPU kernels are synchronous). A
-  forward run as one op call (``specpilot::lean_layers``) has no ranges inside: it times its
+  forward run as one op call (``specpilot::lean_run``) has no ranges inside: it times its
   classes itself with its clock (:func:`specpilot.profiling.clocking`) in the plan's run
   without the profiler (:attr:`ClassTimes.clocked`, per step of that run). The
   profiler itself adds a cost to every recorded event (a SmolLM2 step records ~5,000). It is

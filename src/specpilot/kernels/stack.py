@@ -1,5 +1,5 @@
-"""The lean forward's decoder layers as one op call: ``specpilot::lean_layers``
-(``csrc/forward_ops.cpp``).
+"""The lean forward's decoder layers as one op call: ``specpilot::lean_run`` through a plan read
+once (``torch.classes.specpilot.LeanPlan``; ``csrc/forward_ops.cpp``).
 
 :func:`specpilot.kernels.step.run` calls ~8 ops a layer from Python: on SmolLM2's 30 layers
 ~240 dispatches and their glue, 1.3-2 ms of a 9-18 ms step on a 2-core Xeon (BENCHMARKS.md). The
@@ -7,9 +7,9 @@ op here runs the same op functions in the same order on the same arguments in C+
 have the same bits (tests/test_lean_step.py); what it saves is only the Python between them.
 
 :func:`pack` reads the layers once into flat lists (the weights, the caches, an integer plan and
-the floats; the layout is in the op's source) and returns None where the op does not apply: a
-linear that is not a :class:`~specpilot.kernels.linear.GGUFLinear` (or a fused
-:class:`~specpilot.kernels.linear.GGUFMultiLinear` of them) running one op, parts that mix
+the floats; the layout is in the op's source), holds them read in C++, and returns None where
+the op does not apply: a linear that is not a :class:`~specpilot.kernels.linear.GGUFLinear` (or a
+fused :class:`~specpilot.kernels.linear.GGUFMultiLinear` of them) running one op, parts that mix
 numerics profiles or biases. The step falls back to the Python loop then. With the class clock
 on (:func:`specpilot.profiling.clocking`) the op times its own kernel classes (its ``clock``).
 """
@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from specpilot.kernels import int8
@@ -31,7 +32,7 @@ STACK_ENV = "SPECPILOT_LEAN_STACK"
 
 @dataclass(frozen=True)
 class Stack:
-    """The flat arguments of ``specpilot::lean_layers`` for one model (see the op's source)."""
+    """The flat arguments of ``specpilot::lean_run`` for one model (see the op's source)."""
 
     tensors: list[Tensor]
     caches: list[Tensor]
@@ -39,6 +40,10 @@ class Stack:
     floats: list[float]
     n_layers: int
     op: Any
+    """``specpilot::lean_run``: a forward through :attr:`plan`."""
+    plan: Any
+    """The plan read once in C++ (``torch.classes.specpilot.LeanPlan``) from the lists above: a
+    forward converts only its call inputs (the ~300 tensors of the lists took ~0.1 ms a call)."""
 
 
 class _Lists:
@@ -119,8 +124,10 @@ def pack(model: Any, isa: int, attn_isa: int) -> Stack | None:
     if len(kinds) != 1:
         return None
     out.ints[7] = int(kinds.pop())
+    ops()  # the library (and its class) loaded
+    plan = torch.classes.specpilot.LeanPlan(out.tensors, out.caches, out.ints, floats)
     return Stack(out.tensors, out.caches, out.ints, floats, cfg.n_layers,
-                 ops().lean_layers.default)  # fmt: skip
+                 torch.ops.specpilot.lean_run.default, plan)  # fmt: skip
 
 
 def _joined(att: Any) -> GGUFMultiLinear | None:
@@ -155,5 +162,5 @@ def run(
     index, padded = pack if pack is not None else (None, 0)
     call = [*tables[0], *local, slots, index]
     keep = sorted(i for i in want if 0 <= i <= s.n_layers)
-    out = s.op(x, s.tensors, s.caches, s.ints, s.floats, call, [*ints, padded], keep, clock)
+    out = s.op(s.plan, x, call, [*ints, padded], keep, clock)
     return out[0], dict(zip(keep, out[1:], strict=True))

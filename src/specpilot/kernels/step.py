@@ -96,7 +96,7 @@ class Plan:
     attn_isa: int
     """ISA code of the attention (``Attention.fixed``)."""
     stack: stack.Stack | None = None
-    """The layers as one ``specpilot::lean_layers`` call (:mod:`specpilot.kernels.stack`), or
+    """The layers as one ``specpilot::lean_run`` call (:mod:`specpilot.kernels.stack`), or
     None where it does not apply."""
     version: int = 0
     """:func:`~specpilot.kernels.linear.schedule_version` when read: a plan whose linears'

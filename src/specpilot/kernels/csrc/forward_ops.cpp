@@ -1,12 +1,14 @@
-// Torch op `specpilot::lean_layers`: the decoder layers and the final norm of the lean native
-// forward (specpilot/kernels/step.py) in one op call.
+// Torch op `specpilot::lean_run`: the decoder layers and the final norm of the lean native
+// forward (specpilot/kernels/step.py) in one op call, through a plan read once
+// (torch.classes.specpilot.LeanPlan), so that a forward passes only its call inputs.
 //
 // The Python loop of step.run costs ~240 op dispatches and their Python glue per forward (a
 // few us each: 1.3-2 ms of a 9-18 ms SmolLM2 step). Here the same op functions are called in the
 // same order on the same arguments (ops_api.h: each is the registered op's own function), so every
 // output has the bits of step.run's: no reduction is added, moved or split.
 //
-// Arguments (built once per plan by specpilot/kernels/stack.py, `pack`):
+// The plan's lists (built once per model by specpilot/kernels/stack.py, `pack`), then each
+// call's inputs:
 //   tensors   the weights (GGUF blocks, biases, norms, q/k norms);
 //   caches    the K/V caches (written: each layer's new keys and values);
 //   ints      [n_layers, gemma, isa, attn_isa, n_q, n_k, head_dim, glu_kind, final_norm], then
@@ -33,6 +35,7 @@
 // the padded layout (pad rows zero), as step._attend does.
 // Returns [the normed final state, then the wanted states in the order of want].
 #include <ATen/ATen.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -48,7 +51,7 @@ struct Reader {
   at::IntArrayRef v;
   size_t i = 0;
   int64_t next() {
-    TORCH_CHECK(i < v.size(), "specpilot: lean_layers plan is truncated");
+    TORCH_CHECK(i < v.size(), "specpilot: lean_run plan is truncated");
     return v[i++];
   }
 };
@@ -99,7 +102,7 @@ c10::optional<at::Tensor> opt(at::TensorList t, int64_t idx) {
 Linear read_linear(Reader& r, at::TensorList t) {
   Linear l;
   l.parts = r.next();
-  TORCH_CHECK(l.parts >= 1 && l.parts <= kMaxParts, "specpilot: lean_layers linear with ",
+  TORCH_CHECK(l.parts >= 1 && l.parts <= kMaxParts, "specpilot: lean_run linear with ",
               l.parts, " parts (1 to ", kMaxParts, ")");
   l.k = r.next();
   l.bias = opt(t, r.next());
@@ -124,7 +127,7 @@ struct Clock {
   explicit Clock(const c10::optional<at::Tensor>& c) {
     if (!c.has_value()) return;
     TORCH_CHECK(c->scalar_type() == at::kDouble && c->numel() == kClasses && c->is_contiguous(),
-                "specpilot: lean_layers clock must be a contiguous float64 tensor of ", kClasses);
+                "specpilot: lean_run clock must be a contiguous float64 tensor of ", kClasses);
     acc = c->data_ptr<double>();
     t = std::chrono::steady_clock::now();
   }
@@ -150,20 +153,30 @@ struct Layer {
   at::Tensor k_cache, v_cache;
 };
 
-std::vector<at::Tensor> lean_layers(const at::Tensor& x_in, at::TensorList t,
-                                    at::TensorList caches, at::IntArrayRef ints,
-                                    at::ArrayRef<double> floats,
-                                    const c10::List<c10::optional<at::Tensor>>& call,
-                                    at::IntArrayRef call_ints, at::IntArrayRef want,
-                                    const c10::optional<at::Tensor>& clock) {
+// A model's layers read off the flat plan (the arguments' layout above), once per plan.
+struct Plan {
+  int64_t n = 0, isa = 0, attn_isa = 0, n_q = 0, n_k = 0, hd = 0, kind = 0;
+  bool gemma = false;
+  at::Tensor final_norm;
+  std::vector<Layer> layers;
+  std::vector<double> floats;
+};
+
+Plan read_plan(at::TensorList t, at::TensorList caches, at::IntArrayRef ints,
+               at::ArrayRef<double> floats) {
   Reader r{ints};
-  const int64_t n = r.next();
-  const bool gemma = r.next() != 0;
-  const int64_t isa = r.next(), attn_isa = r.next();
-  const int64_t n_q = r.next(), n_k = r.next(), hd = r.next(), kind = r.next();
-  const at::Tensor& final_norm = t[r.next()];
-  std::vector<Layer> layers(static_cast<size_t>(n));
-  for (Layer& lay : layers) {
+  Plan p;
+  p.n = r.next();
+  p.gemma = r.next() != 0;
+  p.isa = r.next();
+  p.attn_isa = r.next();
+  p.n_q = r.next();
+  p.n_k = r.next();
+  p.hd = r.next();
+  p.kind = r.next();
+  p.final_norm = t[r.next()];
+  p.layers.resize(static_cast<size_t>(p.n));
+  for (Layer& lay : p.layers) {
     lay.qkv = read_linear(r, t);
     lay.o = read_linear(r, t);
     lay.fused = r.next() != 0;
@@ -171,8 +184,8 @@ std::vector<at::Tensor> lean_layers(const at::Tensor& x_in, at::TensorList t,
     if (!lay.fused) lay.up = read_linear(r, t);
     lay.down = read_linear(r, t);
     lay.n_norms = r.next();
-    TORCH_CHECK(lay.n_norms == (gemma ? 4 : 2),
-                "specpilot: lean_layers layer norms do not match the architecture");
+    TORCH_CHECK(lay.n_norms == (p.gemma ? 4 : 2),
+                "specpilot: lean_run layer norms do not match the architecture");
     for (int64_t j = 0; j < lay.n_norms; ++j) lay.norms[j] = t[r.next()];
     lay.q_norm = opt(t, r.next());
     lay.k_norm = opt(t, r.next());
@@ -180,11 +193,25 @@ std::vector<at::Tensor> lean_layers(const at::Tensor& x_in, at::TensorList t,
     lay.v_cache = caches[r.next()];
     lay.sliding = r.next() != 0;
   }
-  TORCH_CHECK(r.i == ints.size(), "specpilot: lean_layers plan has trailing entries");
-  TORCH_CHECK(static_cast<int64_t>(floats.size()) == 1 + n,
-              "specpilot: lean_layers needs eps and one scale per layer");
+  TORCH_CHECK(r.i == ints.size(), "specpilot: lean_run plan has trailing entries");
+  TORCH_CHECK(static_cast<int64_t>(floats.size()) == 1 + p.n,
+              "specpilot: lean_run needs eps and one scale per layer");
+  p.floats.assign(floats.begin(), floats.end());
+  return p;
+}
+
+std::vector<at::Tensor> run_plan(const Plan& p, const at::Tensor& x_in,
+                                 const c10::List<c10::optional<at::Tensor>>& call,
+                                 at::IntArrayRef call_ints, at::IntArrayRef want,
+                                 const c10::optional<at::Tensor>& clock) {
+  const int64_t n = p.n, isa = p.isa, attn_isa = p.attn_isa, n_q = p.n_q, n_k = p.n_k,
+                hd = p.hd, kind = p.kind;
+  const bool gemma = p.gemma;
+  const at::Tensor& final_norm = p.final_norm;
+  const std::vector<Layer>& layers = p.layers;
+  const std::vector<double>& floats = p.floats;
   TORCH_CHECK(call.size() == 8 && call_ints.size() == 5,
-              "specpilot: lean_layers call inputs are 8 tensors and 5 integers");
+              "specpilot: lean_run call inputs are 8 tensors and 5 integers");
   const double eps = floats[0];
   const c10::optional<at::Tensor> slots = call.get(6);
   const int64_t slot0 = call_ints[0], kv_len = call_ints[1], batch = call_ints[2],
@@ -260,11 +287,34 @@ std::vector<at::Tensor> lean_layers(const at::Tensor& x_in, at::TensorList t,
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(specpilot, m) {
-  m.def(
-      "lean_layers(Tensor x, Tensor[] tensors, Tensor(a!)[] caches, int[] ints, "
-      "float[] floats, Tensor?[] call, int[] call_ints, int[] want, Tensor(b!)? clock=None) "
-      "-> Tensor[]");
+// The plan read once and held (torch.classes.specpilot.LeanPlan): a forward through it
+// (specpilot::lean_run) converts only its call inputs from Python, not the ~300 weight and cache
+// tensors of the plan (~0.1 ms of a 4 ms SmolLM2 step).
+struct LeanPlan : torch::CustomClassHolder {
+  Plan plan;
+  LeanPlan(std::vector<at::Tensor> tensors, std::vector<at::Tensor> caches,
+           std::vector<int64_t> ints, std::vector<double> floats)
+      : plan(read_plan(tensors, caches, ints, floats)) {}
+};
+
+namespace {
+
+std::vector<at::Tensor> lean_run(const c10::intrusive_ptr<LeanPlan>& plan, const at::Tensor& x,
+                                 const c10::List<c10::optional<at::Tensor>>& call,
+                                 at::IntArrayRef call_ints, at::IntArrayRef want,
+                                 const c10::optional<at::Tensor>& clock) {
+  return run_plan(plan->plan, x, call, call_ints, want, clock);
 }
 
-TORCH_LIBRARY_IMPL(specpilot, CPU, m) { m.impl("lean_layers", &lean_layers); }
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(specpilot, m) {
+  m.class_<LeanPlan>("LeanPlan")
+      .def(torch::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<int64_t>,
+                       std::vector<double>>());
+  m.def(
+      "lean_run(__torch__.torch.classes.specpilot.LeanPlan plan, Tensor x, Tensor?[] call, "
+      "int[] call_ints, int[] want, Tensor(b!)? clock=None) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(specpilot, CPU, m) { m.impl("lean_run", &lean_run); }
