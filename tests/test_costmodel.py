@@ -270,7 +270,9 @@ def test_kernel_factor_by_hand() -> None:
     floors = {"qkv": 1.0, "down": 1.0, "drafter": 0.0}
     assert kernel_factor(measured, floors) == pytest.approx(4.5 / 2.0)  # 2.25 > 1
     assert kernel_factor({"qkv": 1.0}, {"qkv": 1.0}) == 1.0  # at the roofline
-    assert kernel_factor({"qkv": 2.0}, {"qkv": 1.0, "down": 1.0}) == 1.0  # missing counts 0
+    # a class faster than its floor (or not measured) counts at its floor: no lead hides a gap
+    assert kernel_factor({"qkv": 2.0}, {"qkv": 1.0, "down": 1.0}) == 1.5
+    assert kernel_factor({"qkv": 2.0, "prefill": 1.0}, {"qkv": 1.0, "prefill": 3.0}) == 1.25
     assert kernel_factor({"qkv": 1.0}, {}) == float("inf")
 
 

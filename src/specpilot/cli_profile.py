@@ -228,7 +228,8 @@ def render(console: Any, r: Any, plan: str, max_new_tokens: int) -> None:
     t.add_row(
         "kernel",
         f"{r.kernel_factor:.3f}",
-        f"measured / floor per step (alpha {r.alpha:.2f}, beta {r.beta:.2f})",
+        f"measured / floor per step, a class at least its floor (alpha {r.alpha:.2f}, "
+        f"beta {r.beta:.2f})",
     )
     t.add_row(
         "overhead",

@@ -55,22 +55,29 @@ def tau_factor(plan_tau: float, best_tau: float) -> float:
 
 
 def kernel_factor(class_times: Mapping[str, float], floors: Mapping[str, float]) -> float:
-    """Kernel factor: measured kernel time over roofline floor time, both summed over classes.
+    """Kernel factor: measured kernel time over roofline floor time, both summed over classes,
+    each class counted at no less than its floor.
 
     ``class_times`` and ``floors`` map a kernel class ("qkv", "attention", ...) to its time per
-    decode step, in the same unit. A class missing from one side counts 0 there. No floor at all
-    gives infinity (nothing is known to be achievable).
+    decode step, in the same unit. No floor at all gives infinity (nothing is known to be
+    achievable). A class that ran faster than its floor (a GEMM above the floor's share of peak
+    FLOP/s: SmolLM2's prefill on the fp32-activation kernels ran at 0.66x its floor on a 2-core
+    EPYC; the profile notes it) has no gap left to close, and its lead must not hide the other
+    classes' gaps: it counts at its floor, as does a class with a floor that was not measured.
 
     Worked example: qkv took 3 ms against a 1 ms floor, down 1 ms against 1 ms; 4 ms measured
-    over 2 ms of floors:
+    over 2 ms of floors; prefill 1 ms against a 2 ms floor counts 2 ms:
 
     >>> kernel_factor({"qkv": 3.0, "down": 1.0}, {"qkv": 1.0, "down": 1.0})
     2.0
+    >>> kernel_factor({"qkv": 3.0, "prefill": 1.0}, {"qkv": 1.0, "prefill": 2.0})
+    1.6666666666666667
     >>> kernel_factor({"drafter": 0.5}, {"drafter": 0.0})
     inf
     """
     floor = sum(floors.values())
-    measured = sum(class_times.values())
+    measured = sum(max(t, floors.get(k, 0.0)) for k, t in class_times.items())
+    measured += sum(f for k, f in floors.items() if k not in class_times)
     return measured / floor if floor > 0 else float("inf")
 
 
