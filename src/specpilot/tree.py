@@ -58,8 +58,9 @@ class DraftTree:
 
     @staticmethod
     def empty() -> DraftTree:
-        z = torch.zeros(0, dtype=torch.long)
-        return DraftTree(z, z.clone(), z.clone(), torch.zeros(0))
+        """The tree of no nodes: one shared instance (frozen, its tensors have no elements), not
+        four fresh tensors on every step that drafts nothing."""
+        return _EMPTY_TREE
 
     @staticmethod
     def from_parents(
@@ -94,6 +95,10 @@ class DraftTree:
         for i, p in enumerate(self.parents.tolist()):
             out[p + 1].append(i)
         return out
+
+
+_Z = torch.zeros(0, dtype=torch.long)
+_EMPTY_TREE = DraftTree(_Z, _Z.clone(), _Z.clone(), torch.zeros(0))
 
 
 @dataclass(frozen=True)

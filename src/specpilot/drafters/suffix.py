@@ -270,7 +270,8 @@ class SuffixDrafter:
         self.last_match = 0
         for trie, pos in self.matches():
             tree = suffix_tree(trie, pos, ctx.spec, self.max_depth)
-            value = float(tree.scores.exp().sum())  # expected accepted tokens under the counts
+            # expected accepted tokens under the counts (Python floats: a ~10-node tree)
+            value = math.fsum(map(math.exp, tree.scores.tolist()))
             if value > best_value:
                 best, best_value = tree, value
                 self.last_match = pos[0].depth + pos[1]
