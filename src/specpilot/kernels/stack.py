@@ -126,8 +126,12 @@ def pack(model: Any, isa: int, attn_isa: int) -> Stack | None:
     out.ints[7] = int(kinds.pop())
     ops()  # the library (and its class) loaded
     plan = torch.classes.specpilot.LeanPlan(out.tensors, out.caches, out.ints, floats)
+    op = torch.ops.specpilot.lean_run.default
+    # the op's C++ entry: an op taking a script object goes through TorchBindOpOverload, whose
+    # Python __call__ first walks every argument for fake script objects (torch.compile's; never
+    # passed here), ~5 us a forward
     return Stack(out.tensors, out.caches, out.ints, floats, cfg.n_layers,
-                 torch.ops.specpilot.lean_run.default, plan)  # fmt: skip
+                 getattr(op, "_op", op), plan)  # fmt: skip
 
 
 def _joined(att: Any) -> GGUFMultiLinear | None:
