@@ -78,7 +78,9 @@ def _outer_range(name: str) -> Iterator[None]:
 def kernel_range(name: str) -> contextlib.AbstractContextManager[Any]:
     """A named profiler range when enabled (an outer one also counted while the clock is on),
     else a shared no-op context (a few hundred ns)."""
-    if name in OUTER_RANGES and (_ranges_on or _clock_on):
+    if not (_ranges_on or _clock_on):
+        return _NO_RANGE
+    if name in OUTER_RANGES:
         return _outer_range(name)
     return record_function(name) if _ranges_on else _NO_RANGE
 

@@ -44,8 +44,7 @@ from specpilot.engine import Engine
 from specpilot.profiling import KERNEL_CLASSES, OUTER_RANGES, set_kernel_ranges
 from specpilot.tree import DraftTree
 
-OUTER = OUTER_RANGES
-RANGE_NAMES = frozenset((*KERNEL_CLASSES, *OUTER))
+RANGE_NAMES = frozenset((*KERNEL_CLASSES, *OUTER_RANGES))
 
 R = TypeVar("R")
 
@@ -127,7 +126,7 @@ def collect(events: Any, cuda: bool) -> ClassTimes:
         (e for e in cpu if e.is_user_annotation() and e.name() in RANGE_NAMES),
         key=lambda e: e.start_ns(),
     )
-    outer = [(e.start_ns(), e.end_ns(), e.name()) for e in named if e.name() in OUTER]
+    outer = [(e.start_ns(), e.end_ns(), e.name()) for e in named if e.name() in OUTER_RANGES]
     outer_starts = [s for s, _, _ in outer]
 
     def owner(t0: int, t1: int) -> str | None:

@@ -116,14 +116,15 @@ def timed_runs(
     for i, (key, (_, ids)) in enumerate(zip(prompt_keys(prompts), prompts, strict=True)):
         with clocking() as clock:  # the plain decoding reference is the plan's run without one
             ref = engine.generate(ids, ref_gen, eos_ids=eos_ids)
-            ref_clock = dict(clock)
+            plain_clock = dict(clock)
         margins = tuple(ref.margins) if ref.margins else None
         references.append(Reference(key, tuple(ref.tokens), margins))
         run = ref
         if speculative:
             with clocking() as clock:
                 run = engine.generate(ids, gen, drafter=d_plain, spec=spec, eos_ids=eos_ids)
-        out.times.add_clocked(dict(clock) if speculative else ref_clock)
+                plain_clock = dict(clock)
+        out.times.add_clocked(plain_clock)
         plain_out[key] = run.tokens
         plain_rep = force(references, plain_out, how, "plain")
         prof, ct = profiled(

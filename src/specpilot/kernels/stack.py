@@ -32,18 +32,15 @@ STACK_ENV = "SPECPILOT_LEAN_STACK"
 
 @dataclass(frozen=True)
 class Stack:
-    """The flat arguments of ``specpilot::lean_run`` for one model (see the op's source)."""
+    """``specpilot::lean_run`` and its plan for one model."""
 
-    tensors: list[Tensor]
-    caches: list[Tensor]
-    ints: list[int]
-    floats: list[float]
     n_layers: int
     op: Any
     """``specpilot::lean_run``: a forward through :attr:`plan`."""
     plan: Any
-    """The plan read once in C++ (``torch.classes.specpilot.LeanPlan``) from the lists above: a
-    forward converts only its call inputs (the ~300 tensors of the lists took ~0.1 ms a call)."""
+    """The plan read once in C++ (``torch.classes.specpilot.LeanPlan``) from :func:`pack`'s flat
+    lists (their layout is in the op's source): a forward converts only its call inputs (the
+    ~300 tensors of the lists took ~0.1 ms a call)."""
 
 
 class _Lists:
@@ -130,8 +127,7 @@ def pack(model: Any, isa: int, attn_isa: int) -> Stack | None:
     # the op's C++ entry: an op taking a script object goes through TorchBindOpOverload, whose
     # Python __call__ first walks every argument for fake script objects (torch.compile's; never
     # passed here), ~5 us a forward
-    return Stack(out.tensors, out.caches, out.ints, floats, cfg.n_layers,
-                 getattr(op, "_op", op), plan)  # fmt: skip
+    return Stack(cfg.n_layers, getattr(op, "_op", op), plan)
 
 
 def _joined(att: Any) -> GGUFMultiLinear | None:

@@ -39,7 +39,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <vector>
 
@@ -56,16 +55,11 @@ struct Reader {
   }
 };
 
-// Parts of one linear at most (a fused q/k/v: 3). The plan is read on every call, so a layer
-// holds its tensors in fixed arrays: no heap allocation per linear.
-constexpr int64_t kMaxParts = 4;
-
 struct Linear {
-  int64_t parts = 0;
-  std::array<at::Tensor, kMaxParts> blocks;
-  std::array<int64_t, kMaxParts> qtypes{}, ns{};
-  std::array<bool, kMaxParts> int8{};
-  std::array<c10::optional<at::Tensor>, kMaxParts> biases;
+  std::vector<at::Tensor> blocks;
+  std::vector<int64_t> qtypes, ns;
+  std::vector<bool> int8;
+  std::vector<c10::optional<at::Tensor>> biases;
   int64_t k = 0, isa = 0, tiles[4] = {0, 0, 0, 0};
   c10::optional<at::Tensor> bias;
 
@@ -78,18 +72,15 @@ struct Linear {
   at::Tensor operator()(const at::Tensor& x) const {
     const bool many = x.size(0) > 1;
     const int64_t rt = tiles[many ? 2 : 0], ct = tiles[many ? 3 : 1];
-    if (parts == 1) return part(x, 0, bias, rt, ct);
-    const auto p = static_cast<size_t>(parts);
-    const at::TensorList bl(blocks.data(), p);
-    const at::IntArrayRef qt(qtypes.data(), p), n(ns.data(), p);
-    if (std::all_of(int8.begin(), int8.begin() + parts, [&](bool q) { return q == int8[0]; })) {
-      return int8[0] ? sp_ops::gguf_matmul_q8_multi(x, bl, qt, n, k, bias, isa, rt, ct)
-                     : sp_ops::gguf_matmul_multi(x, bl, qt, n, k, bias, isa, rt, ct);
+    if (blocks.size() == 1) return part(x, 0, bias, rt, ct);
+    if (std::all_of(int8.begin(), int8.end(), [&](bool q) { return q == int8[0]; })) {
+      return int8[0] ? sp_ops::gguf_matmul_q8_multi(x, blocks, qtypes, ns, k, bias, isa, rt, ct)
+                     : sp_ops::gguf_matmul_multi(x, blocks, qtypes, ns, k, bias, isa, rt, ct);
     }
     // parts in different profiles (a block type without an int8 kernel): each part's own call,
     // concatenated, as GGUFMultiLinear does
     std::vector<at::Tensor> ys;
-    for (size_t i = 0; i < p; ++i) ys.push_back(part(x, i, biases[i], rt, ct));
+    for (size_t p = 0; p < blocks.size(); ++p) ys.push_back(part(x, p, biases[p], rt, ct));
     return at::cat(ys, -1);
   }
 };
@@ -101,19 +92,18 @@ c10::optional<at::Tensor> opt(at::TensorList t, int64_t idx) {
 
 Linear read_linear(Reader& r, at::TensorList t) {
   Linear l;
-  l.parts = r.next();
-  TORCH_CHECK(l.parts >= 1 && l.parts <= kMaxParts, "specpilot: lean_run linear with ",
-              l.parts, " parts (1 to ", kMaxParts, ")");
+  const int64_t parts = r.next();
+  TORCH_CHECK(parts >= 1, "specpilot: lean_run linear without parts");
   l.k = r.next();
   l.bias = opt(t, r.next());
   l.isa = r.next();
   for (int64_t& tile : l.tiles) tile = r.next();
-  for (int64_t p = 0; p < l.parts; ++p) {
-    l.blocks[p] = t[r.next()];
-    l.qtypes[p] = r.next();
-    l.ns[p] = r.next();
-    l.int8[p] = r.next() != 0;
-    l.biases[p] = opt(t, r.next());
+  for (int64_t p = 0; p < parts; ++p) {
+    l.blocks.push_back(t[r.next()]);
+    l.qtypes.push_back(r.next());
+    l.ns.push_back(r.next());
+    l.int8.push_back(r.next() != 0);
+    l.biases.push_back(opt(t, r.next()));
   }
   return l;
 }
@@ -147,8 +137,7 @@ struct Clock {
 struct Layer {
   Linear qkv, o, gate_up, up, down;
   bool fused = true, sliding = false;
-  int64_t n_norms = 0;
-  std::array<at::Tensor, 4> norms;
+  std::vector<at::Tensor> norms;
   c10::optional<at::Tensor> q_norm, k_norm;
   at::Tensor k_cache, v_cache;
 };
@@ -183,10 +172,10 @@ Plan read_plan(at::TensorList t, at::TensorList caches, at::IntArrayRef ints,
     lay.gate_up = read_linear(r, t);
     if (!lay.fused) lay.up = read_linear(r, t);
     lay.down = read_linear(r, t);
-    lay.n_norms = r.next();
-    TORCH_CHECK(lay.n_norms == (p.gemma ? 4 : 2),
+    const int64_t norms = r.next();
+    TORCH_CHECK(norms == (p.gemma ? 4 : 2),
                 "specpilot: lean_run layer norms do not match the architecture");
-    for (int64_t j = 0; j < lay.n_norms; ++j) lay.norms[j] = t[r.next()];
+    for (int64_t j = 0; j < norms; ++j) lay.norms.push_back(t[r.next()]);
     lay.q_norm = opt(t, r.next());
     lay.k_norm = opt(t, r.next());
     lay.k_cache = caches[r.next()];
