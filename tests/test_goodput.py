@@ -100,7 +100,27 @@ def test_acceptance_stats_calibrate_an_overconfident_drafter() -> None:
     for _ in range(40):
         stats.observe(tree, [])  # never accepted
     assert stats.estimate(1, 0.9) < 0.1 and stats.estimate(2, 0.85) < 0.1
-    assert stats.estimate(3, 0.9) == pytest.approx(0.9)  # other depths keep their prior
+    # a depth never seen follows the depths above it, not the drafter's word
+    assert stats.estimate(3, 0.9) < 0.01
+    assert stats.estimate(3, 0.9, regime=1) == pytest.approx(0.9)  # another regime: its prior
+
+
+def test_a_certain_drafters_deep_nodes_start_below_its_shallow_ones() -> None:
+    """Cold start: a suffix drafter says 1.0 for every node of a match; with evidence at depth 1
+    only (right 2 times in 3), the deeper nodes of a chain start one factor of that rate lower
+    per depth, not at depth 1's rate (a fresh batch verified 7-node chains for 8 sequences and
+    committed a third of what it predicted)."""
+    stats = AcceptanceStats()
+    for i in range(30):
+        stats.observe(DraftTree.chain([4]), [0] if i % 3 else [])
+    gains = node_gains(DraftTree.chain([4, 5, 6, 7, 8], [0.0] * 5), stats)
+    rate = gains[0]
+    assert 0.55 < rate < 0.75
+    for d in range(1, 5):
+        assert gains[d] == pytest.approx(rate ** (d + 1), rel=0.15)
+    # the budget then keeps the shallow nodes only where a row costs a fifth of a plain step
+    curve = CostCurve([1, 8], [0.010, 0.024])
+    assert 0 < choose([gains], curve, 0.0).width < 5
 
 
 def test_choose_trades_tokens_for_time() -> None:
