@@ -570,3 +570,41 @@ def test_is_tiered_answers_like_isinstance_and_caches_per_class() -> None:
         assert is_tiered(d) == isinstance(d, Tiered)
         assert _TIERED[type(d)] == isinstance(d, Tiered)
     assert is_tiered(Cheap()) and not is_tiered(SuffixDrafter())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_suffix_tree_of_a_chain_is_the_best_first_tree(seed: int):
+    """suffix_tree builds a continuation that does not branch within the budget directly; it
+    must be the general builder's tree, bit for bit, at every position (branching or not)."""
+    from specpilot.drafters.suffix import suffix_tree, trie_children
+    from specpilot.tree import build_tree, shape_tree
+
+    rng = random.Random(seed)
+    alphabet = 2 + seed  # few tokens: many branches; more: long single continuations
+    base = [rng.randrange(alphabet) for _ in range(30)]
+    buf = base + base[5:25] + [rng.randrange(alphabet) for _ in range(20)] + base[:15]
+    trie = SuffixTrie(12)
+    trie.add(buf)
+    chains = 0
+    for budget, depth in ((4, 3), (10, 8), (16, 12)):
+        spec = TreeSpec(kind="dynamic", budget=budget, topk=3, depth=depth)
+        for start in range(len(buf)):
+            pos = (trie.root, 0)
+            for tok in buf[start : start + 3]:
+                nxt = trie.walk(pos, tok)
+                if nxt is None:
+                    break
+                pos = nxt
+            fast = suffix_tree(trie, pos, spec, 10)
+            ref = shape_tree(
+                build_tree(trie_children(trie, pos), spec, max_depth=10, width=budget), spec
+            )
+            for a, b in zip(
+                (fast.tokens, fast.parents, fast.depths, fast.scores),
+                (ref.tokens, ref.parents, ref.depths, ref.scores),
+                strict=True,
+            ):
+                assert torch.equal(a, b)
+            is_chain = (fast.parents == torch.arange(-1, fast.size - 1)).all()
+            chains += fast.size > 0 and bool(is_chain)
+    assert chains > 0 or alphabet == 2  # two tokens branch everywhere

@@ -31,6 +31,7 @@ from specpilot.tree import (
     GrowingTree,
     TreeSpec,
     build_tree,
+    shape_tree,
 )
 
 
@@ -211,9 +212,32 @@ def trie_children(trie: SuffixTrie, root: Position) -> Children:
 
 def suffix_tree(trie: SuffixTrie, pos: Position, spec: TreeSpec, max_depth: int) -> DraftTree:
     """Candidate tree below a matched pattern ``pos``, cut to ``spec``: dynamic trees take the
-    ``spec.budget`` most probable nodes best-first, chains and static trees their rank paths."""
+    ``spec.budget`` most probable nodes best-first, chains and static trees their rank paths.
+    Where the continuation below ``pos`` does not branch within the budget (most matches: a
+    string seen once continues in one tail), best-first is that chain, every node of
+    probability 1: it is built directly (the general builder's heap and per-node calls cost
+    about half of a ~80 us draft)."""
+    if spec.kind == "dynamic":
+        chain = _single_chain(trie, pos, min(spec.max_depth, max_depth, spec.budget))
+        if chain is not None:
+            return shape_tree(DraftTree.chain(chain, [0.0] * len(chain)), spec)
     children = trie_children(trie, pos)
     return build_tree(children, spec, max_depth=max_depth, width=spec.budget)
+
+
+def _single_chain(trie: SuffixTrie, pos: Position, limit: int) -> list[int] | None:
+    """The tokens below ``pos`` (at most ``limit``) while each position has exactly one
+    continuation; None where one has several within the limit."""
+    out: list[int] = []
+    while len(out) < limit:
+        nxt = trie.next_tokens(pos)
+        if len(nxt) != 1:
+            if nxt:
+                return None
+            break
+        tok, _, pos = nxt[0]
+        out.append(tok)
+    return out
 
 
 class SuffixDrafter:
