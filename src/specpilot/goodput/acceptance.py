@@ -20,8 +20,9 @@ seen (0.93x plain decoding, BENCHMARKS.md). Pooled, what one bin learns lowers t
 priors, and a cell's own evidence still decides once it has some.
 
 The pool's pseudo-counts trust the drafter at depth 1; at a deeper depth they sit at the
-calibration of the depth above times depth 1's (at most 1): a depth without evidence is judged
-as one more step of what the shallower depths showed. (With the drafter's word at every depth, a
+calibration of the depth above times the last step's rate (the depth above's over the one above
+it; at depth 2, depth 1's; at most 1): a depth without evidence is judged as one more step of
+what the shallower depths showed. (With the drafter's word at every depth, a
 fresh batch's suffix drafter had its depth-1 rate of 0.66 carried to depths 2-8 unchanged, and
 one step verified 7 nodes for each of 8 sequences: 41 tokens predicted, 13 committed, 72 ms
 against a 16 ms plain step. Later in that run the same depths read 0.62, 0.47, 0.38, 0.28: the
@@ -91,23 +92,30 @@ class AcceptanceStats:
     def calibrations(self, depth: int, regime: int = 0) -> list[float]:
         """Accepted nodes per unit of the drafter's probability at depths 1..``depth`` in
         ``regime``, over every bin: with no evidence, 1 at depth 1 (the drafter's word), and at
-        a deeper depth the depth above's times depth 1's (at most 1); evidence moves each from
-        there (``pool_prior`` pseudo-counts).
+        a deeper depth the depth above's times the last step's rate (the depth above's over the
+        one above it; at depth 2 depth 1's; at most 1); evidence moves each from there
+        (``pool_prior`` pseudo-counts).
 
         >>> stats = AcceptanceStats()
         >>> stats.calibrations(3)
         [1.0, 1.0, 1.0]
-        >>> for _ in range(18):  # a 'certain' drafter right at depth 1 half the time
-        ...     stats.observe(DraftTree.chain([5]), [0] if _ % 2 else [])
+        >>> for i in range(18):  # a 'certain' drafter right at depth 1 half the time
+        ...     stats.observe(DraftTree.chain([5]), [0] if i % 2 else [])
         >>> [round(c, 3) for c in stats.calibrations(4)]
         [0.55, 0.303, 0.166, 0.092]
+        >>> for i in range(18):  # chains of 3: once depth 1 is right, so are depths 2 and 3
+        ...     stats.observe(DraftTree.chain([5, 6, 7]), [0, 1, 2] if i % 2 else [])
+        >>> [round(c, 3) for c in stats.calibrations(5)]
+        [0.526, 0.478, 0.493, 0.493, 0.493]
         """
         out: list[float] = []
         prior = 1.0
         for d in range(1, depth + 1):
             _, a, s = self.pooled.get((regime, d), (0.0, 0.0, 0.0))
             out.append((a + self.pool_prior * prior) / (s + self.pool_prior))
-            prior = out[-1] * min(1.0, out[0])
+            # one more step at the last depth's rate given the depth above (depth 1's own)
+            step = out[-1] / out[-2] if d > 1 and out[-2] > 0 else out[0]
+            prior = out[-1] * min(1.0, step)
         return out
 
     def calibration(self, depth: int, regime: int = 0) -> float:
