@@ -2,14 +2,16 @@
 ``BatchEngine.step`` (drafting, the verify forward, the budget's bookkeeping) per mode.
 
     python bench/batch_phases.py BATCH --threads 2 --workload chat --numerics int8 \\
-        [--max-new-tokens 128] [--rounds 3] [--server-like] [--node-steps]
+        [--max-new-tokens 128] [--rounds 3] [--server-like] [--node-steps] [--decisions]
 
 Takes ``specpilot bench``'s flags after the batch size; 32 prompts. ``--server-like`` leaves the
 queue length unknown at every step, as ``specpilot serve`` does. ``--node-steps`` also prints
 every speculative step that verified draft nodes: sequences, rows, the selector's predicted and
 the measured verify ms, its curve's plain step for that many sequences, and the tokens it
-predicted and the step committed. A diagnostic (it patches the engine's methods with timers);
-totals include prefill.
+predicted and the step committed. ``--decisions`` also counts the speculative steps by what
+drafted (nothing, the cheap tier alone, the full drafter as a probe or every step, or both) with
+their drafting seconds and how many of them verified nodes. A diagnostic (it patches the
+engine's methods with timers); totals include prefill.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--server-like", action="store_true")
     ap.add_argument("--node-steps", action="store_true")
+    ap.add_argument("--decisions", action="store_true")
     own, rest = ap.parse_known_args(sys.argv[1:])
     args = build_parser().parse_args(["bench", "--batch-size", str(own.batch), *rest])
     loaded, engine, cands, _ = _setup(args)
@@ -69,6 +72,37 @@ def main() -> None:
                                    self.last.predicted_tokens, b + sum(map(len, paths))))
 
         Selector.observe = logged  # type: ignore[method-assign]
+    decisions: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    if own.decisions:
+        should, tier, propose = Selector.should_draft, Selector.cheap_tier, BatchEngine._propose
+        asked: dict[str, bool] = {}
+
+        def should_draft(self, batch=1):  # type: ignore[no-untyped-def]
+            asked["full"] = full = should(self, batch)
+            asked["probe"] = full and self.probing
+            return full
+
+        def cheap_tier(self, batch=1):  # type: ignore[no-untyped-def]
+            asked["cheap"] = got = tier(self, batch)
+            return got
+
+        def counted(self):  # type: ignore[no-untyped-def]
+            asked.clear()
+            t = time.perf_counter()
+            trees = propose(self)
+            if cur[0] != "spec":
+                return trees
+            kind = ("probe" if asked.get("probe") else "full" if asked.get("full") else "none")
+            kind += "+cheap" if asked.get("cheap") else ""
+            row = decisions[kind]
+            row[0] += 1
+            row[1] += time.perf_counter() - t
+            row[2] += any(tr.size for tr in trees)
+            return trees
+
+        Selector.should_draft = should_draft  # type: ignore[method-assign]
+        Selector.cheap_tier = cheap_tier  # type: ignore[method-assign]
+        BatchEngine._propose = counted  # type: ignore[method-assign]
     timed(BatchEngine, "_propose", "propose")
     timed(batch_mod, "verify_step", "verify")
     timed(Selector, "observe", "observe")
@@ -96,6 +130,10 @@ def main() -> None:
     for mode, t in total.items():
         parts = {k: f"{v:.3f}" for (m, k), v in spent.items() if m == mode}
         print(f"{mode:5s} total {t:.2f} s  {parts}")
+    if own.decisions:
+        print("speculative steps by what drafted: steps, drafting s, steps that verified nodes")
+        for kind, (n, sec, nodes) in sorted(decisions.items()):
+            print(f"  {kind:12s} {n:6d} {sec:8.3f} {nodes:6d}")
     if own.node_steps:
         print("node steps: sequences, rows, predicted / measured / plain ms, predicted / "
               "committed tokens")
