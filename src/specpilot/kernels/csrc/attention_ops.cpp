@@ -3,7 +3,10 @@
 //
 // ISA: the path sp::pick_isa gives, AVX-512 (attention_avx512.cpp) under isa 3 and 4 where the
 // build has it (no SP_NO_AVX512), else AVX2, else portable; every path gives the same bits.
-// Threads split the output rows (b, h, t), taken in (b, t, h) order (at::parallel_for over them);
+// Threads split the output rows (b, h, t), taken in (b, t, h) order (at::parallel_for over them)
+// in chunks of whole kv groups (a group's K/V is then read by one thread at a given (b, t): split
+// inside one, both threads read its K/V; at SmolLM2's one-row step, 9 heads in 3 groups, that was
+// 4 group reads for 3);
 // the keys of a row are never split, so a thread count changes only which thread computes a row,
 // never how. rope_attention runs the rope_qk row kernels (rowops.h) and the attention kernels on
 // the same arguments the separate ops would get, so its bits are theirs.
@@ -36,8 +39,12 @@ void check_kv(const at::Tensor& x, const char* name, int64_t b, int64_t hd, int6
 void run_attention(const sp::AttnArgs& a, int path) {
   const int64_t rows = a.B * a.H * a.T, kv_len = a.kv_len, hd = a.hd;
   if (rows == 0) return;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, kv_len * hd));
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+  // threads take whole kv groups (the heads of one group at one (b, t) are consecutive rows)
+  const int64_t group = a.H / a.Hk;
+  const int64_t grain = std::max<int64_t>(
+      1, (int64_t{1} << 16) / std::max<int64_t>(1, kv_len * hd * group));
+  at::parallel_for(0, rows / group, grain, [&](int64_t g0, int64_t g1) {
+    const int64_t r0 = g0 * group, r1 = g1 * group;
     // 4 rows' scores, then (AVX-512) 4 rows of packed q / (portable) one row's sums; the visible
     // slots, with room for the AVX-512 scores' padding
     std::vector<float> work(static_cast<size_t>(4 * (kv_len + 16) + 4 * hd));
