@@ -75,6 +75,24 @@ def test_points_never_observed_follow_the_observed_level() -> None:
     assert c(2) == two and c(4) < 0.020
 
 
+def test_a_point_no_longer_observed_follows_the_fresh_ones() -> None:
+    """A row count the budget stopped choosing does not keep what its last steps left (a slow
+    minute): after ``stale_after`` observations elsewhere it follows the fresh points' level from
+    its calibration reading, as a point never observed does."""
+    c = CostCurve([1, 3, 4], [0.010, 0.012, 0.013], stale_after=20)
+    for _ in range(10):
+        c.observe(3, 0.020)  # a slow minute at 3 rows
+    high = c(3)
+    assert high > 0.015
+    for _ in range(15):
+        c.observe(1, 0.010)
+    assert c(3) == high  # observed lately: its own reading
+    for _ in range(10):
+        c.observe(1, 0.010)
+    assert c(3) == pytest.approx(0.012, rel=1e-2)  # stale: its calibration, moved as 1 row moved
+    assert c(4) == pytest.approx(0.013, rel=1e-2)
+
+
 def test_calibration_passes_outlast_a_disturbed_moment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Readings are taken in passes over all row counts, best per count: a disturbance lasting
     as long as one pass slows one reading of each count, never every reading of one count."""
