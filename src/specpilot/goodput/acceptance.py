@@ -22,11 +22,11 @@ priors, and a cell's own evidence still decides once it has some.
 The pool's pseudo-counts trust the drafter at depth 1; at a deeper depth they sit at the
 calibration of the depth above times the last step's rate (the depth above's over the one above
 it; at depth 2, depth 1's; at most 1): a depth without evidence is judged as one more step of
-what the shallower depths showed. (With the drafter's word at every depth, a
-fresh batch's suffix drafter had its depth-1 rate of 0.66 carried to depths 2-8 unchanged, and
-one step verified 7 nodes for each of 8 sequences: 41 tokens predicted, 13 committed, 72 ms
-against a 16 ms plain step. Later in that run the same depths read 0.62, 0.47, 0.38, 0.28: the
-geometric decay this prior starts from.)
+what the shallower depths showed. (With the drafter's word at every depth, a fresh batch's
+suffix drafter had its depth-1 rate of 0.66 carried to depths 2-8 unchanged, and one step
+verified 7 nodes for each of 8 sequences: 41 tokens predicted, 13 committed, 72 ms against a 16
+ms plain step. Later in that run the same depths read 0.62, 0.47, 0.38, 0.28: the geometric
+decay this prior starts from.)
 
 Counts are kept over a sliding ``window`` of observations per cell and per pool (older ones fade
 proportionally), so a cell follows a drafter whose accuracy changes with the text.

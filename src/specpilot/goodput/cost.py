@@ -110,9 +110,10 @@ class CostCurve:
         calibration (weighted by observations), down as a factor, up as seconds (see
         :meth:`observe`). From the calibration each time, never step by step: following every
         step's noise, down by factors and up by seconds, drifted the large points to half their
-        cost. A point the selector stopped choosing kept whatever its last steps left: 3 rows
-        held 7.3 ms for 600 steps of a HumanEval run whose 3-row steps had taken 6.6, and, the
-        curve being non-decreasing, held 4 rows there too while they took 6.6-7.0."""
+        cost. A point the selector stopped choosing kept whatever its last steps left: 2 rows
+        held 7.0 ms for 600 steps of a HumanEval run whose 2-row steps had taken 6.0, and, the
+        curve being non-decreasing, held 3 rows there too while they took 5.6-6.4
+        (``bench/curve_trace.py``, BENCHMARKS.md)."""
         fresh = [self.count - t <= self.stale_after and w > 0
                  for t, w in zip(self.seen, self.observed, strict=True)]  # fmt: skip
         obs = [(w, y, b) for w, y, b, f
