@@ -18,7 +18,9 @@ the two servers' outputs agree. ``--rounds R`` runs the concurrent requests R ti
 with ``--vs-plain`` both servers stay up (started one after the other, each calibrating on a
 quiet machine) and the rounds alternate, speculative then plain, so a disturbed moment hits
 both; tokens/s is the median over rounds (one 32 x 64 round on 2 cores swings by ~20%, with the
-load generator on the same cores). The exit status is 1 on any error or mismatch.
+load generator on the same cores). Each server's report also splits its side of the rounds by
+its /metrics: batched steps (``server_steps``, ``server_step_s``) and admissions
+(``server_prefill_s``) against ``rounds_wall_s``. The exit status is 1 on any error or mismatch.
 """
 
 from __future__ import annotations
@@ -224,6 +226,14 @@ def _finish(
     return _report(args, rounds, metrics, alone, spec)
 
 
+def _sample(metrics: str, name: str) -> float | None:
+    """The value of the sample ``name`` in a /metrics body (None: the server has no such one)."""
+    for ln in metrics.splitlines():
+        if ln.startswith(name + " "):
+            return float(ln.split()[-1])
+    return None
+
+
 def _report(
     args: argparse.Namespace,
     rounds: list[tuple[list[One], float]],
@@ -237,9 +247,7 @@ def _report(
     tokens = sum(r.completion_tokens for r in ok)
     per_round = [sum(r.completion_tokens for r in rr if r.ok) / w for rr, w in rounds]
     errors = sum(len(rr) - sum(r.ok for r in rr) for rr, _ in rounds)
-    tau = next(
-        (ln.split()[-1] for ln in metrics.splitlines() if ln.startswith("specpilot_tau ")), ""
-    )
+    tau = _sample(metrics, "specpilot_tau")
     bad = [m for rr, _ in rounds for m in _mismatches(rr, alone)]
     alone_errors = [a.error for a in alone.values() if not a.ok]
     return {
@@ -256,7 +264,11 @@ def _report(
         "completion_tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": statistics.median(per_round),
-        "server_tau": float(tau) if tau else None,
+        "server_tau": tau,
+        "server_steps": _sample(metrics, "specpilot_steps_total"),
+        "server_step_s": _sample(metrics, "specpilot_step_seconds_sum"),
+        "server_prefill_s": _sample(metrics, "specpilot_prefill_seconds_sum"),
+        "rounds_wall_s": sum(w for _, w in rounds),
         "compared_alone": len(alone),
         "mismatches": len(bad) if args.compare_alone else None,
         "mismatch_samples": bad[:3],

@@ -149,6 +149,8 @@ def test_concurrent_requests_are_batched_and_lossless(served: Served) -> None:
         if ln.startswith("specpilot_step_batch_size_bucket")
     }
     assert buckets["1.0"] < buckets["+Inf"]  # some steps decoded several sequences
+    assert _metric(m, "specpilot_prefill_seconds_count") >= len(prompts)
+    assert _metric(m, "specpilot_prefill_seconds_sum") > 0
     for name in (
         "specpilot_generation_tokens_total",
         "specpilot_tau",
@@ -170,6 +172,11 @@ def test_seeded_sampling_streams_reproducibly(served: Served) -> None:
 
     assert run(3, False) == run(3, True) == run(3, False)
     assert len({run(s, False) for s in range(4)}) > 1
+
+
+def _metric(text: str, name: str) -> float:
+    """The value of the sample ``name`` in a /metrics body."""
+    return next(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(name + " "))
 
 
 def _err(r: httpx.Response, status: int, param: str | None = None) -> dict:

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from specpilot.server import Scheduler, create_app
+        from specpilot.server import Scheduler, create_app, serve_in_main
         from specpilot.server.logs import configure_logging
         from specpilot.server.metrics import ServerMetrics
     except ImportError as e:
@@ -111,9 +111,10 @@ def run(args: argparse.Namespace) -> int:
     tok = loaded.tokenizer
     beng = BatchEngine(loaded.model, engine.cfg, bcfg, eos_ids=tok.eos_ids, detok=tok.decode)
     beng.prepare(drafting=make is not None)  # the cache and the cost curve before /health is up
-    sched = Scheduler(beng, make, cand.spec if cand else None, ServerMetrics())
+    sched = Scheduler(beng, make, cand.spec if cand else None, ServerMetrics(), own_thread=False)
     name = args.served_model_name or args.model
     app = create_app(sched, tok, name, context_len=beng.max_len - 1)
     configure_logging(args.log_level)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+    serve_in_main(sched, uvicorn.Server(config))  # the engine here, in the main thread
     return 0

@@ -12,7 +12,10 @@ in the ``x-request-id`` response header and its log lines.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -26,6 +29,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specpilot import __version__
+from specpilot.errors import ConfigError
 from specpilot.server.completions import ENGINE_GONE, Completions
 from specpilot.server.logs import RequestIdMiddleware
 from specpilot.server.protocol import (
@@ -77,7 +81,8 @@ def create_app(
     model_name: str,
     context_len: int,
 ) -> FastAPI:
-    """The app; its lifespan starts and stops the scheduler's worker thread."""
+    """The app; its lifespan starts the scheduler's worker thread (if it runs one) and stops the
+    scheduler."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -130,3 +135,37 @@ def create_app(
         return await serve.handle(request, body)
 
     return app
+
+
+def serve_in_main(scheduler: Scheduler, server: Any) -> None:
+    """Serve until SIGINT or SIGTERM: the engine (``scheduler``, made with ``own_thread=False``)
+    in this thread, the process's main thread, which loaded the model; ``server`` (a
+    ``uvicorn.Server`` over :func:`create_app` of ``scheduler``) in a thread of its own, where
+    uvicorn installs no signal handlers (why the engine stays here: :mod:`.scheduler`). A signal
+    starts uvicorn's graceful shutdown (a second one forces it); the engine keeps stepping until
+    the app's lifespan stops it, so requests in flight finish. ConfigError if the server did not
+    start (a taken port: uvicorn logged why)."""
+
+    def http() -> None:
+        with contextlib.suppress(SystemExit):  # uvicorn's exit when it cannot start (logged)
+            server.run()
+
+    web = threading.Thread(target=http, name="specpilot-http", daemon=True)
+
+    def leave(signum: int, frame: Any) -> None:
+        if server.should_exit:
+            server.force_exit = True
+        server.should_exit = True
+
+    handlers = {sig: signal.signal(sig, leave) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        web.start()
+        scheduler.run(until=lambda: not web.is_alive())
+    finally:
+        server.should_exit = True
+        web.join(30)
+        for sig, old in handlers.items():
+            signal.signal(sig, old)
+    if not server.started:
+        host, port = server.config.host, server.config.port
+        raise ConfigError(f"the HTTP server could not start on {host}:{port} (see the log above)")

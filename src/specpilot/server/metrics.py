@@ -57,6 +57,12 @@ class ServerMetrics:
             buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
             registry=r,
         )
+        self.prefill_seconds = Histogram(
+            "specpilot_prefill_seconds",
+            "Wall time of one request's admission (prefill and the drafter's start)",
+            buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
         self.batch_size = Histogram(
             "specpilot_step_batch_size",
             "Sequences per batched step",

@@ -1,4 +1,12 @@
-"""Continuous batching: one worker thread owns the :class:`~specpilot.batch.BatchEngine`.
+"""Continuous batching: one thread owns the :class:`~specpilot.batch.BatchEngine`.
+
+That thread is a worker of the scheduler's own (:meth:`Scheduler.start`, for embedding the app)
+or the caller's (:meth:`Scheduler.run`): ``specpilot serve`` runs the engine in the process's
+main thread and HTTP in another, because libgomp (torch's OpenMP) keeps one thread pool per
+thread that starts parallel regions and, once it manages more threads than there are cores,
+lets them spin only ~100 iterations before sleeping: with the model loaded in the main thread
+(its pool) and the engine stepping in a worker (a second one), every parallel region waited for
+sleeping threads, and a batch-8 step took 19-20 ms instead of 11-12 ms on a 2-core EPYC.
 
 Request handlers (on the asyncio event loop) submit jobs; before every batched step the worker
 drops cancelled jobs, admits waiting jobs into free rows (prefill), then runs one step for all
@@ -72,8 +80,13 @@ class Scheduler:
         make_drafter: Callable[[], Drafter | None] | None = None,
         spec: TreeSpec | None = None,
         metrics: ServerMetrics | None = None,
+        own_thread: bool = True,
     ) -> None:
+        """``own_thread``: :meth:`start` runs the engine in a worker thread of the scheduler's;
+        False: :meth:`start` does nothing and the caller runs :meth:`run` in its own thread
+        (the one that loaded the model: see the module's docstring)."""
         self.engine = engine
+        self.own_thread = own_thread
         self.drafting = make_drafter is not None
         self.make_drafter = make_drafter or (lambda: None)
         self.spec = spec or TreeSpec(kind="chain")
@@ -84,6 +97,8 @@ class Scheduler:
         """id(slot) -> job."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._driven = threading.Event()
+        """Set while :meth:`run` serves in the caller's thread."""
 
     # -- called from the event loop ------------------------------------------------------------
 
@@ -102,10 +117,22 @@ class Scheduler:
         job.cancelled.set()
 
     def start(self) -> None:
-        if self._thread is None:
+        """Start the worker thread (``own_thread``; else nothing: :meth:`run` serves)."""
+        if self.own_thread and self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="specpilot-engine", daemon=True)
             self._thread.start()
+
+    def run(self, until: Callable[[], bool] = lambda: False) -> None:
+        """Serve in the calling thread until :meth:`stop` or ``until()`` (asked between steps
+        and every 50 ms while idle); the requests still waiting or running then get an error."""
+        if self.own_thread:
+            raise RuntimeError("this scheduler runs its own thread (own_thread=True)")
+        self._driven.set()
+        try:
+            self._loop(until)
+        finally:
+            self._driven.clear()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
@@ -115,16 +142,16 @@ class Scheduler:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return (self._thread is not None and self._thread.is_alive()) or self._driven.is_set()
 
     # -- the worker ----------------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _loop(self, until: Callable[[], bool] = lambda: False) -> None:
         with frozen_heap():  # the loaded model's objects out of every collection's walk
-            self._serve()
+            self._serve(until)
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
+    def _serve(self, until: Callable[[], bool]) -> None:
+        while not self._stop.is_set() and not until():
             idle = not self._waiting and not self.engine.slots
             try:
                 job = self._inbox.get(timeout=0.05) if idle else self._inbox.get_nowait()
@@ -163,8 +190,10 @@ class Scheduler:
             self.metrics.queue_depth.dec()
             req = BatchRequest(job.prompt, job.gen, None, self.spec, on_tokens=self._on_tokens(job))
             try:
+                t0 = time.perf_counter()
                 req.drafter = self.make_drafter()
                 slot = self.engine.add(req)
+                self.metrics.prefill_seconds.observe(time.perf_counter() - t0)
             except Exception as e:  # one bad request must not stop the server
                 logger.exception("request could not be admitted", extra=_rid(job))
                 job.post(Event("error", error=f"{type(e).__name__}: {e}"))
