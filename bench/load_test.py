@@ -19,7 +19,9 @@ with ``--vs-plain`` both servers stay up (started one after the other, each cali
 quiet machine) and the rounds alternate, speculative then plain, so a disturbed moment hits
 both; tokens/s is the median over rounds (one 32 x 64 round on 2 cores swings by ~20%, with the
 load generator on the same cores). Each server's report also splits its side of the rounds by
-its /metrics: batched steps (``server_steps``, ``server_step_s``) and admissions
+its /metrics: batched steps (``server_steps``, ``server_step_s``; of it drafting,
+``server_draft_s``, by what drafted, with ``server_drafted_steps``, and the verify forward,
+``server_verify_s``) and admissions
 (``server_prefill_s``) against ``rounds_wall_s``. The exit status is 1 on any error or mismatch.
 """
 
@@ -234,6 +236,15 @@ def _sample(metrics: str, name: str) -> float | None:
     return None
 
 
+def _labelled(metrics: str, name: str) -> dict[str, float]:
+    """The samples ``name{label="value"}`` in a /metrics body, by label value."""
+    out = {}
+    for ln in metrics.splitlines():
+        if ln.startswith(name + "{"):
+            out[ln.split('"')[1]] = float(ln.split()[-1])
+    return out
+
+
 def _report(
     args: argparse.Namespace,
     rounds: list[tuple[list[One], float]],
@@ -267,6 +278,9 @@ def _report(
         "server_tau": tau,
         "server_steps": _sample(metrics, "specpilot_steps_total"),
         "server_step_s": _sample(metrics, "specpilot_step_seconds_sum"),
+        "server_draft_s": _labelled(metrics, "specpilot_draft_seconds_total"),
+        "server_drafted_steps": _labelled(metrics, "specpilot_drafted_steps_total"),
+        "server_verify_s": _sample(metrics, "specpilot_verify_seconds_total"),
         "server_prefill_s": _sample(metrics, "specpilot_prefill_seconds_sum"),
         "rounds_wall_s": sum(w for _, w in rounds),
         "compared_alone": len(alone),

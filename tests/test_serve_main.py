@@ -1,6 +1,7 @@
 """``specpilot serve``'s process layout (:func:`specpilot.server.serve_in_main`): the engine steps
 in the main thread, HTTP runs in a thread of its own, SIGTERM shuts down after the requests in
-flight, and a port already taken is a clear error."""
+flight, a port already taken is a clear error; and a step's events reach their event loop with
+one wake-up."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from specpilot.drafters import make_drafter
 from specpilot.engine import Engine, EngineConfig, GenerationConfig
 from specpilot.errors import ConfigError
 from specpilot.server import Scheduler, create_app, serve_in_main
+from specpilot.server.scheduler import Event, Job
 from specpilot.tree import TreeSpec
 
 from .conftest import tiny_model
@@ -114,3 +116,30 @@ def test_a_scheduler_with_its_own_thread_cannot_be_run_here() -> None:
     _, beng, _ = _parts()
     with pytest.raises(RuntimeError, match="own thread"):
         Scheduler(beng, None, own_thread=True).run()
+
+
+def test_a_steps_events_wake_the_event_loop_once() -> None:
+    class Loop:  # records the wake-ups; runs the callbacks when asked
+        def __init__(self) -> None:
+            self.calls: list[tuple[Any, tuple]] = []
+
+        def call_soon_threadsafe(self, fn: Any, *args: Any) -> None:
+            self.calls.append((fn, args))
+
+    _, _, sched = _parts()
+    loop = Loop()
+    gen = GenerationConfig(max_new_tokens=4)
+    jobs = [Job([1, 2], gen, loop) for _ in range(3)]  # type: ignore[arg-type]
+    for i, job in enumerate(jobs):
+        sched._send(job, Event("tokens", (i,)))
+    sched._send(jobs[0], Event("done"))
+    assert not loop.calls  # nothing until the flush
+    sched._flush()
+    assert len(loop.calls) == 1
+    fn, args = loop.calls[0]
+    fn(*args)
+    got = [[job.events.get_nowait() for _ in range(job.events.qsize())] for job in jobs]
+    assert [[e.kind for e in evs] for evs in got] == [["tokens", "done"], ["tokens"], ["tokens"]]
+    assert [evs[0].tokens for evs in got] == [(0,), (1,), (2,)]
+    sched._flush()
+    assert len(loop.calls) == 1  # an empty outbox wakes nobody

@@ -151,6 +151,21 @@ def test_concurrent_requests_are_batched_and_lossless(served: Served) -> None:
     assert buckets["1.0"] < buckets["+Inf"]  # some steps decoded several sequences
     assert _metric(m, "specpilot_prefill_seconds_count") >= len(prompts)
     assert _metric(m, "specpilot_prefill_seconds_sum") > 0
+    step_s = _metric(m, "specpilot_step_seconds_sum")
+    verify_s = _metric(m, "specpilot_verify_seconds_total")
+    drafted = {  # steps by what drafted, and their drafting seconds
+        ln.split('"')[1]: float(ln.split()[-1])
+        for ln in m.splitlines()
+        if ln.startswith("specpilot_draft_seconds_total{")
+    }
+    assert drafted and set(drafted) <= {"none", "full", "probe", "none+cheap", "full+cheap",
+                                        "probe+cheap"}  # fmt: skip
+    assert 0 < verify_s + sum(drafted.values()) <= step_s
+    steps = _metric(m, "specpilot_steps_total")
+    assert sum(
+        float(ln.split()[-1]) for ln in m.splitlines()
+        if ln.startswith("specpilot_drafted_steps_total{")
+    ) == steps  # fmt: skip
     for name in (
         "specpilot_generation_tokens_total",
         "specpilot_tau",

@@ -137,6 +137,12 @@ class StepStats:
     predicted_verify_s: float | None = None
     """With the goodput budget: its predicted verify time for this step, and the measured one."""
     verify_s: float | None = None
+    draft_s: float = 0.0
+    """Drafting and the budget's choice (before the verify forward)."""
+    forward_s: float = 0.0
+    """The verify step: the target's forward, acceptance and commit of the cache."""
+    drafted: str = "none"
+    """What drafted (:attr:`BatchEngine.drafted`)."""
 
 
 class BatchEngine:
@@ -172,6 +178,9 @@ class BatchEngine:
         waiting, the goodput budget values a draft token by the makespan
         (:meth:`~specpilot.goodput.selector.Selector.idle_value`)."""
         self._probe_at = 0
+        self.drafted = "none"
+        """What drafted in the last step: none, full (every step's drafter) or probe (a draft
+        while plain decoding wins), each maybe with +cheap (tiered drafters' cheap parts)."""
         self._steps = 0
         """Batched steps run so far."""
         """Where the next probe starts asking (:meth:`_probe_slots`)."""
@@ -286,6 +295,10 @@ class BatchEngine:
         full = sel is None or sel.should_draft(b)
         # cheap parts draft where full ones do not (asked only then: it counts their probes)
         cheap = sel is not None and (not full or sel.probing) and sel.cheap_tier(b)
+        drafting = full and any(s.req.drafter for s in self.slots)
+        probing = drafting and sel is not None and sel.probing
+        self.drafted = ("probe" if probing else "full" if drafting else "none") + (
+            "+cheap" if cheap else "")  # fmt: skip
         if sel is not None and not full:
             sel.note_skip()
             if not cheap:
@@ -380,6 +393,7 @@ class BatchEngine:
         self._ensure_cache()
         slots = list(self.slots)
         trees = self._propose()
+        t_drafted = time.perf_counter()
         self._steps += 1
         taps = tuple(
             sorted({i for s in slots if s.req.drafter for i in s.req.drafter.hidden_layers})
@@ -398,9 +412,9 @@ class BatchEngine:
             packed=self.bcfg.packed,
             fixed_width=self.cfg.fixed_width,
         )
+        dt = time.perf_counter() - tv
         if self.selector is not None and self.cfg.goodput:
             paths = [o.path for o in outcomes]
-            dt = time.perf_counter() - tv
             regimes = [s.regime for s in slots]
             self.selector.observe(trees, paths, dt, packed=self.bcfg.packed, regimes=regimes,
                                   committed=[o.tokens for o in outcomes],
@@ -426,7 +440,8 @@ class BatchEngine:
             s.res.decode_s = now - s.t_admit - s.res.prefill_s
             self.remove(s)
         nodes = sum(tr.size for tr in trees)
-        stats = StepStats(len(slots), nodes, tuple(accepted), now - t0)
+        stats = StepStats(len(slots), nodes, tuple(accepted), now - t0, draft_s=t_drafted - t0,
+                          forward_s=dt, drafted=self.drafted)  # fmt: skip
         if self.selector is not None and self.cfg.goodput and self.selector.log:
             _, _, predicted, measured = self.selector.log[-1]
             stats = replace(stats, predicted_verify_s=predicted, verify_s=measured)

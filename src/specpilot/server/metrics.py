@@ -57,6 +57,22 @@ class ServerMetrics:
             buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
             registry=r,
         )
+        self.draft_seconds = Counter(
+            "specpilot_draft_seconds",
+            "Time of the steps' drafting and node choice (before the verify forward), by what "
+            "drafted: none, full (the drafter, every step) or probe (a draft while plain decoding "
+            "wins), each maybe +cheap (a tiered drafter's cheap part)",
+            ["drafted"],
+            registry=r,
+        )
+        self.drafted_steps = Counter(
+            "specpilot_drafted_steps", "Batched steps by what drafted", ["drafted"], registry=r
+        )
+        self.verify_seconds = Counter(
+            "specpilot_verify_seconds",
+            "Time of the steps' verify forward, acceptance and cache commit",
+            registry=r,
+        )
         self.prefill_seconds = Histogram(
             "specpilot_prefill_seconds",
             "Wall time of one request's admission (prefill and the drafter's start)",
@@ -106,6 +122,9 @@ class ServerMetrics:
         self.accepted.inc(sum(st.accepted))
         self.draft_nodes.inc(st.nodes)
         self.step_seconds.observe(st.seconds)
+        self.draft_seconds.labels(drafted=st.drafted).inc(st.draft_s)
+        self.drafted_steps.labels(drafted=st.drafted).inc()
+        self.verify_seconds.inc(st.forward_s)
         self.batch_size.observe(st.batch)
         if st.predicted_verify_s is not None and st.verify_s is not None:
             self.goodput_predicted.set(st.predicted_verify_s)
