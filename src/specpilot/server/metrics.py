@@ -51,34 +51,7 @@ class ServerMetrics:
             ["depth"],
             registry=r,
         )
-        self.step_seconds = Histogram(
-            "specpilot_step_seconds",
-            "Wall time of one batched step (draft, verify, accept, commit)",
-            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
-            registry=r,
-        )
-        self.draft_seconds = Counter(
-            "specpilot_draft_seconds",
-            "Time of the steps' drafting and node choice (before the verify forward), by what "
-            "drafted: none, full (the drafter, every step) or probe (a draft while plain decoding "
-            "wins), each maybe +cheap (a tiered drafter's cheap part)",
-            ["drafted"],
-            registry=r,
-        )
-        self.drafted_steps = Counter(
-            "specpilot_drafted_steps", "Batched steps by what drafted", ["drafted"], registry=r
-        )
-        self.verify_seconds = Counter(
-            "specpilot_verify_seconds",
-            "Time of the steps' verify forward, acceptance and cache commit",
-            registry=r,
-        )
-        self.prefill_seconds = Histogram(
-            "specpilot_prefill_seconds",
-            "Wall time of one request's admission (prefill and the drafter's start)",
-            buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
-            registry=r,
-        )
+        self._timings(r)
         self.batch_size = Histogram(
             "specpilot_step_batch_size",
             "Sequences per batched step",
@@ -115,6 +88,37 @@ class ServerMetrics:
         self._depth_hits = [0] * MAX_DEPTH
         self._seq_steps = 0
         self._committed = 0
+
+    def _timings(self, r: CollectorRegistry) -> None:
+        """Where a step's and an admission's time goes."""
+        self.step_seconds = Histogram(
+            "specpilot_step_seconds",
+            "Wall time of one batched step (draft, verify, accept, commit)",
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
+        self.draft_seconds = Counter(
+            "specpilot_draft_seconds",
+            "Time of the steps' drafting and node choice (before the verify forward), by what "
+            "drafted: none, full (the drafter, every step) or probe (a draft while plain decoding "
+            "wins), each maybe +cheap (a tiered drafter's cheap part)",
+            ["drafted"],
+            registry=r,
+        )
+        self.drafted_steps = Counter(
+            "specpilot_drafted_steps", "Batched steps by what drafted", ["drafted"], registry=r
+        )
+        self.verify_seconds = Counter(
+            "specpilot_verify_seconds",
+            "Time of the steps' verify forward, acceptance and cache commit",
+            registry=r,
+        )
+        self.prefill_seconds = Histogram(
+            "specpilot_prefill_seconds",
+            "Wall time of one request's admission (prefill and the drafter's start)",
+            buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
 
     def observe_step(self, st: StepStats) -> None:
         self.steps.inc()
