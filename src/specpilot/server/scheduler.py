@@ -11,11 +11,10 @@ sleeping threads, and a batch-8 step took 19-20 ms instead of 11-12 ms on a 2-co
 Request handlers (on the asyncio event loop) submit jobs; before every batched step the worker
 drops cancelled jobs, admits waiting jobs into free rows (prefill), then runs one step for all
 running sequences. New tokens go back to each job's asyncio queue as ``Event`` objects, those of
-a step (or an admission) together: one ``loop.call_soon_threadsafe`` per event loop. The worker
-never raises across the thread
-boundary: a failing request gets an ``error`` event (a 500 for its client), the traceback goes to
-the ``specpilot.server.scheduler`` logger with the request ids, and the engine keeps serving the
-others.
+a step (or an admission) together: one ``loop.call_soon_threadsafe`` per event loop. The engine
+thread never raises across the thread boundary: a failing request gets an ``error`` event (a 500
+for its client), the traceback goes to the ``specpilot.server.scheduler`` logger with the request
+ids, and the engine keeps serving the others.
 """
 
 from __future__ import annotations
