@@ -19,7 +19,7 @@ import uvicorn
 from specpilot.batch import BatchConfig, BatchEngine
 from specpilot.drafters import make_drafter
 from specpilot.engine import Engine, EngineConfig, GenerationConfig
-from specpilot.errors import ConfigError
+from specpilot.errors import ConfigError, SpecPilotError
 from specpilot.server import Scheduler, create_app, serve_in_main
 from specpilot.server.scheduler import Event, Job
 from specpilot.tree import TreeSpec
@@ -143,3 +143,17 @@ def test_a_steps_events_wake_the_event_loop_once() -> None:
     assert [evs[0].tokens for evs in got] == [(0,), (1,), (2,)]
     sched._flush()
     assert len(loop.calls) == 1  # an empty outbox wakes nobody
+
+
+def test_an_http_thread_that_stops_on_its_own_is_an_error() -> None:
+    class Crashing:  # starts, then its thread ends without a signal or a lifespan shutdown
+        should_exit = force_exit = started = False
+
+        def run(self) -> None:
+            self.started = True
+            raise RuntimeError("the event loop broke")
+
+    _, _, sched = _parts()
+    with pytest.raises(SpecPilotError, match="stopped on its own"):
+        serve_in_main(sched, Crashing())
+    assert not sched.alive

@@ -12,7 +12,6 @@ in the ``x-request-id`` response header and its log lines.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import threading
@@ -29,7 +28,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specpilot import __version__
-from specpilot.errors import ConfigError
+from specpilot.errors import ConfigError, SpecPilotError
 from specpilot.server.completions import ENGINE_GONE, Completions
 from specpilot.server.logs import RequestIdMiddleware
 from specpilot.server.protocol import (
@@ -144,15 +143,22 @@ def serve_in_main(scheduler: Scheduler, server: Any) -> None:
     uvicorn installs no signal handlers (why the engine stays here: :mod:`.scheduler`). A signal
     starts uvicorn's graceful shutdown (a second one forces it); the engine keeps stepping until
     the app's lifespan stops it, so requests in flight finish. ConfigError if the server did not
-    start (a taken port: uvicorn logged why)."""
+    start (a taken port: uvicorn logged why); SpecPilotError if it stopped without a signal or
+    the scheduler being stopped (a crash in its thread)."""
 
     def http() -> None:
-        with contextlib.suppress(SystemExit):  # uvicorn's exit when it cannot start (logged)
+        try:
             server.run()
+        except SystemExit:  # uvicorn's exit when it cannot start (it logged why)
+            pass
+        except Exception:
+            logger.exception("the HTTP server failed")
 
     web = threading.Thread(target=http, name="specpilot-http", daemon=True)
+    asked: list[int] = []  # the signals received
 
     def leave(signum: int, frame: Any) -> None:
+        asked.append(signum)
         if server.should_exit:
             server.force_exit = True
         server.should_exit = True
@@ -169,3 +175,5 @@ def serve_in_main(scheduler: Scheduler, server: Any) -> None:
     if not server.started:
         host, port = server.config.host, server.config.port
         raise ConfigError(f"the HTTP server could not start on {host}:{port} (see the log above)")
+    if not asked and not scheduler.stopped:
+        raise SpecPilotError("the HTTP server stopped on its own (see the log above)")

@@ -143,6 +143,11 @@ class Scheduler:
             self._thread = None
 
     @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    @property
     def alive(self) -> bool:
         return (self._thread is not None and self._thread.is_alive()) or self._driven.is_set()
 
