@@ -4,6 +4,7 @@ sampling flags of ``generate``."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,19 @@ def test_serve_rejects_bad_flags(model_dir: Path, tmp_path: Path) -> None:
     assert parse_budget_table("1:16, 4:8") == ((1, 16), (4, 8))
     with pytest.raises(ConfigError):
         parse_budget_table("1-16")
+
+
+def test_serve_on_a_taken_port_is_a_one_line_error(
+    model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through serve_in_main (the engine in the main thread): uvicorn.run would exit 1 instead."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["serve", "--model", str(model_dir), "--port", str(port), "--threads", "1"]
+        assert main([*argv, "--log-level", "error"]) == 2
+    assert f"could not start on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
 def test_bench_batch_size_with_a_plan_budget_table(model_dir: Path, tmp_path: Path) -> None:
