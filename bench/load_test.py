@@ -18,11 +18,12 @@ the two servers' outputs agree. ``--rounds R`` runs the concurrent requests R ti
 with ``--vs-plain`` both servers stay up (started one after the other, each calibrating on a
 quiet machine) and the rounds alternate, speculative then plain, so a disturbed moment hits
 both; tokens/s is the median over rounds (one 32 x 64 round on 2 cores swings by ~20%, with the
-load generator on the same cores). Each server's report also splits its side of the rounds by
-its /metrics: batched steps (``server_steps``, ``server_step_s``; of it drafting,
-``server_draft_s``, by what drafted, with ``server_drafted_steps``, and the verify forward,
-``server_verify_s``) and admissions
-(``server_prefill_s``) against ``rounds_wall_s``. The exit status is 1 on any error or mismatch.
+load generator on the same cores), ``tokens_per_s_total`` all rounds' tokens over their summed
+wall time (``throughput_ratio_total`` with ``--vs-plain``). Each server's report also splits its
+side of the rounds by its /metrics: batched steps (``server_steps``, ``server_step_s``; of it
+drafting, ``server_draft_s``, by what drafted, with ``server_drafted_steps``, and the verify
+forward, ``server_verify_s``) and admissions (``server_prefill_s``) against ``rounds_wall_s``.
+The exit status is 1 on any error or mismatch.
 """
 
 from __future__ import annotations
@@ -275,6 +276,8 @@ def _report(
         "completion_tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": statistics.median(per_round),
+        "tokens_per_s_total": sum(sum(r.completion_tokens for r in rr if r.ok) for rr, _ in rounds)
+        / max(sum(w for _, w in rounds), 1e-9),
         "server_tau": tau,
         "server_steps": _sample(metrics, "specpilot_steps_total"),
         "server_step_s": _sample(metrics, "specpilot_step_seconds_sum"),
@@ -321,6 +324,9 @@ def main() -> int:
             "plain": plain,
             "throughput_ratio": sp / pl if pl else 0,
             "throughput_ratio_rounds": [a / b if b else 0 for a, b in pairs],
+            "throughput_ratio_total": spec_r["tokens_per_s_total"] / plain_r["tokens_per_s_total"]
+            if plain_r["tokens_per_s_total"]
+            else 0,
             "spec_vs_plain_text_mismatches": differ,
         }
         failed = failed or differ > 0
