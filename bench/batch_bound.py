@@ -59,21 +59,21 @@ def main() -> None:
         tree = DraftTree.chain([7 + j for j in range(k)], [0.0] * k) if k else DraftTree.empty()
         return [VerifyRow(100 + i, 150 + 3 * i, tree) for i in range(b)]
 
+    def step(batch: list[VerifyRow]) -> float:
+        t = time.perf_counter()
+        verify_step(model, batch, (), cache_rows=slice(0, len(batch)), scratch=slots - 1,
+                    packed=True)  # fmt: skip
+        return time.perf_counter() - t
+
     times: dict[tuple[int, int], list[float]] = {c: [] for c in cases}
     with torch.inference_mode():
         for b, k in cases:  # warm-up
-            verify_step(model, rows(b, k), (), cache_rows=slice(0, b), scratch=slots - 1,
-                        packed=True)  # fmt: skip
+            step(rows(b, k))
         for _ in range(args.rounds):
             for b, k in cases:
                 batch = rows(b, k)
-                # once untimed: the case before may have been a 288-row step
-                verify_step(model, batch, (), cache_rows=slice(0, b), scratch=slots - 1,
-                            packed=True)  # fmt: skip
-                t = time.perf_counter()
-                verify_step(model, batch, (), cache_rows=slice(0, b), scratch=slots - 1,
-                            packed=True)  # fmt: skip
-                times[(b, k)].append(time.perf_counter() - t)
+                step(batch)  # once untimed: the case before may have been a 288-row step
+                times[(b, k)].append(step(batch))
     med = {c: statistics.median(v) for c, v in times.items()}
     print(f"profile {args.profile}: drafter {prof.get('drafter')}, workload "
           f"{prof.get('workload')}; numerics={args.numerics} threads={args.threads} "

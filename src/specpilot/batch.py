@@ -135,12 +135,11 @@ class StepStats:
     """Accepted draft tokens per sequence."""
     seconds: float
     predicted_verify_s: float | None = None
-    """With the goodput budget: its predicted verify time for this step, and the measured one."""
-    verify_s: float | None = None
+    """With the goodput budget: its predicted time of :attr:`verify_s`."""
+    verify_s: float = 0.0
+    """The verify step: the target's forward, acceptance and commit of the cache."""
     draft_s: float = 0.0
     """Drafting and the budget's choice (before the verify forward)."""
-    forward_s: float = 0.0
-    """The verify step: the target's forward, acceptance and commit of the cache."""
     drafted: str = "none"
     """What drafted (:attr:`BatchEngine.drafted`)."""
 
@@ -440,11 +439,10 @@ class BatchEngine:
             s.res.decode_s = now - s.t_admit - s.res.prefill_s
             self.remove(s)
         nodes = sum(tr.size for tr in trees)
-        stats = StepStats(len(slots), nodes, tuple(accepted), now - t0, draft_s=t_drafted - t0,
-                          forward_s=dt, drafted=self.drafted)  # fmt: skip
+        stats = StepStats(len(slots), nodes, tuple(accepted), now - t0, verify_s=dt,
+                          draft_s=t_drafted - t0, drafted=self.drafted)  # fmt: skip
         if self.selector is not None and self.cfg.goodput and self.selector.log:
-            _, _, predicted, measured = self.selector.log[-1]
-            stats = replace(stats, predicted_verify_s=predicted, verify_s=measured)
+            stats = replace(stats, predicted_verify_s=self.selector.log[-1][2])
         return finished, stats
 
 

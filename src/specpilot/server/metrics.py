@@ -128,9 +128,9 @@ class ServerMetrics:
         self.step_seconds.observe(st.seconds)
         self.draft_seconds.labels(drafted=st.drafted).inc(st.draft_s)
         self.drafted_steps.labels(drafted=st.drafted).inc()
-        self.verify_seconds.inc(st.forward_s)
+        self.verify_seconds.inc(st.verify_s)
         self.batch_size.observe(st.batch)
-        if st.predicted_verify_s is not None and st.verify_s is not None:
+        if st.predicted_verify_s is not None:
             self.goodput_predicted.set(st.predicted_verify_s)
             self.goodput_measured.set(st.verify_s)
             self.goodput_nodes.set(st.nodes)
