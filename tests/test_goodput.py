@@ -308,6 +308,36 @@ def test_a_tiered_drafter_runs_its_dear_part_every_step_only_while_it_pays() -> 
     assert sel.cheap_s == 0.0001 and sel.draft_s == 0 and sel.idle == 0
 
 
+def test_a_full_drafter_whose_choice_ties_the_cheap_parts_at_plain_decoding_stops() -> None:
+    """At 8 sequences the heads paid once (full drafting every step), then neither they nor the
+    copy part proposes a node worth verifying: both choices are plain decoding, and the heads'
+    drafting (4 ms a step against a 13 ms step) buys nothing. The full drafter must stop within
+    a few steps (judged by the choices alone, the two tied and it drafted every step on)."""
+    curve = CostCurve([1, 8, 16, 24], [0.010, 0.013, 0.020, 0.028])
+    sel = Selector(curve, probe_every=8, max_bound_skips=0)
+    sure = [DraftTree.chain([5, 6, 7], [0.0] * 3)] * 8
+    weak_full = [DraftTree.chain([5, 6], [math.log(0.05), 2 * math.log(0.05)])] * 8
+    weak_copy = [DraftTree.chain([5], [math.log(0.05)])] * 8
+    fulls = []
+    for step in range(30):
+        strong = step < 3
+        if sel.should_draft(8):
+            fulls.append(step)
+            sel.note_draft(0.004, 8, catchup=False)
+            out = sel.select(sure if strong else weak_full, packed=True,
+                             alternative=[DraftTree.empty()] * 8 if strong else weak_copy)
+        else:
+            sel.note_skip()
+            sel.note_draft(0.0002, 8, cheap=True)
+            out = sel.select(weak_copy, packed=True, drafted=0, cheap=8)
+        if not strong:
+            assert all(t.size == 0 for t in out)  # nothing worth verifying
+        paths = [list(range(t.size)) if strong else [] for t in out]
+        sel.observe(out, paths, curve(8 + sum(t.size for t in out)), packed=True)
+    late = [s for s in fulls if s >= 3]
+    assert fulls[:3] == [0, 1, 2] and len(late) <= 3 + 30 // 8, fulls
+
+
 def test_a_cheap_part_that_is_not_cheap_drafts_alone_only_while_its_trees_pay() -> None:
     """A cheap part costing a tenth of a step (past ``cheap_draft``) keeps drafting alone while
     its choices buy their drafting, and stops once they do not (plain decoding then), probing

@@ -322,9 +322,10 @@ class Selector:
                 alt_raw = [node_gains(t, self.stats, r)
                            for t, r in zip(alternative, regimes, strict=True)]  # fmt: skip
                 alt_gains = self._valued(alt_raw)
-                alt = self._choose(alt_gains, self.cheap_s * (full + cheap), packed, False)[0]
-                paid = self._full_edge(new, alt)
-                self._cheap_edge(alt, self.cheap_s * (full + cheap), len(trees))
+                alt_s = self.cheap_s * (full + cheap)
+                alt = self._choose(alt_gains, alt_s, packed, False)[0]
+                paid = self._full_edge(new, draft_s, alt, alt_s)
+                self._cheap_edge(alt, alt_s, len(trees))
             self._next_probe(paid)
             self.full_pays = paid if alternative is not None else None
         if not full and cheap:
@@ -344,15 +345,20 @@ class Selector:
         v = self.token_value
         return gains if v == 1.0 else [[g * v for g in gs] for gs in gains]
 
-    def _full_edge(self, full: Choice, alt: Choice) -> bool:
+    def _full_edge(self, full: Choice, full_s: float, alt: Choice, alt_s: float) -> bool:
         """Whether the full drafter pays over its cheap parts alone: the moving average of
         their goodputs' log ratio (one step's trees are a noisy sample of the drafter's worth:
         a head that adds a token on half the steps stopped at the first step it added none)
         above 0 while it runs every step, above the hysteresis to start again after a
-        probe."""
-        if full.goodput <= 0 or alt.goodput <= 0:
+        probe. Each side's goodput counts the drafting it spent (``full_s``, ``alt_s``) also
+        where its choice is plain decoding (:func:`spent_goodput`): judged by the choices alone,
+        two plain choices tied, the average only decayed towards 0 and stayed above it, and a
+        server at 8 sequences ran 8 heads (6.8 ms) on 343 of 1,215 steps that verified next to
+        nothing (tau 1.04)."""
+        gf, ga = spent_goodput(full, full_s), spent_goodput(alt, alt_s)
+        if gf <= 0 or ga <= 0:
             return False
-        x = math.log(full.goodput / alt.goodput)
+        x = math.log(gf / ga)
         on = self.full_on is True and self.full_pays is not None
         self.edge = (1 - self.edge_smoothing) * self.edge + self.edge_smoothing * x if on else x
         return self.edge > (0.0 if on else math.log1p(self.hysteresis))
@@ -360,11 +366,11 @@ class Selector:
     def _cheap_edge(self, c: Choice, draft_s: float, batch: int) -> None:
         """Fold one step's cheap-part choice into :attr:`cheap_edge` (its drafting is spent
         even where it chose plain decoding)."""
-        spent = c.predicted_s + (draft_s if c.width == 0 else 0.0)
+        got = spent_goodput(c, draft_s)
         plain = batch / self.curve(batch)
-        if spent <= 0 or plain <= 0:
+        if got <= 0 or plain <= 0:
             return
-        x = math.log(c.predicted_tokens / spent / plain)
+        x = math.log(got / plain)
         old = self.cheap_edge
         a = self.edge_smoothing
         self.cheap_edge = x if old is None else (1 - a) * old + a * x
@@ -483,6 +489,22 @@ class Selector:
             "curve": {"rows": list(self.curve.rows), "seconds": list(self.curve.seconds)},
             "curve_source": self.curve_source,
         }
+
+
+def spent_goodput(c: Choice, draft_s: float) -> float:
+    """Predicted tokens per second of choice ``c`` after ``draft_s`` seconds of drafting: a
+    choice of nodes already counts it (:func:`~specpilot.goodput.choice.choose`), plain decoding
+    does not (it is the alternative to drafting), yet a step that drafted and then chose it
+    spent that time.
+
+    >>> from specpilot.goodput.choice import Choice
+    >>> round(spent_goodput(Choice(0, 0.010, 8.0), 0.005), 1)  # plain, after 5 ms of drafting
+    533.3
+    >>> round(spent_goodput(Choice(2, 0.015, 10.0), 0.005), 1)  # nodes: already in the 15 ms
+    666.7
+    """
+    spent = c.predicted_s + (draft_s if c.width == 0 else 0.0)
+    return c.predicted_tokens / spent if spent > 0 else 0.0
 
 
 def _average(mean: float, x: float) -> float:
