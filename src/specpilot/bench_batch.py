@@ -154,8 +154,11 @@ def run_batch_bench(
     modes: list[Candidate | None] = [None, *candidates]
     rounds: list[list[tuple[list[BatchOutput], float]]] = [[] for _ in modes]
     total, done = cfg.repeats * len(modes), 0
-    for _ in range(cfg.repeats):
-        for i, c in enumerate(modes):
+    for r in range(cfg.repeats):
+        # ABBA: every other repeat runs the modes in reverse, so a drift that is linear over a
+        # pair of repeats weighs on every mode alike
+        order = list(enumerate(modes))
+        for i, c in order if r % 2 == 0 else order[::-1]:
             rounds[i].append(_run(engine, ids, gen, c))
             done += 1
             if progress is not None:
