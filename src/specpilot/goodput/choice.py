@@ -13,7 +13,7 @@ from specpilot.errors import ConfigError
 from specpilot.goodput.cost import CostCurve
 from specpilot.tree import DraftTree, subtree
 
-__all__ = ["Choice", "allocate_nodes", "best_nodes", "choose", "choose_packed"]
+__all__ = ["Choice", "allocate_nodes", "best_nodes", "choose", "choose_packed", "spent_goodput"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,21 @@ def allocate_nodes(
     return [
         t if len(k) == t.size else subtree(t, sorted(k)) for t, k in zip(trees, keep, strict=True)
     ]
+
+
+def spent_goodput(c: Choice, draft_s: float) -> float:
+    """Predicted tokens per second of choice ``c`` after ``draft_s`` seconds of drafting: a
+    choice of nodes already counts it (:func:`choose`), plain decoding
+    does not (it is the alternative to drafting), yet a step that drafted and then chose it
+    spent that time.
+
+    >>> round(spent_goodput(Choice(0, 0.010, 8.0), 0.005), 1)  # plain, after 5 ms of drafting
+    533.3
+    >>> round(spent_goodput(Choice(2, 0.015, 10.0), 0.005), 1)  # nodes: already in the 15 ms
+    666.7
+    """
+    spent = c.predicted_s + (draft_s if c.width == 0 else 0.0)
+    return c.predicted_tokens / spent if spent > 0 else 0.0
 
 
 def choose(

@@ -12,7 +12,7 @@ from typing import Any
 
 from specpilot.errors import ConfigError
 from specpilot.goodput.acceptance import AcceptanceStats, node_gains
-from specpilot.goodput.choice import Choice, best_nodes, choose, choose_packed
+from specpilot.goodput.choice import Choice, best_nodes, choose, choose_packed, spent_goodput
 from specpilot.goodput.cost import CostCurve
 from specpilot.goodput.shadow import Shadow
 from specpilot.tree import DraftTree, subtree
@@ -350,13 +350,11 @@ class Selector:
         their goodputs' log ratio (one step's trees are a noisy sample of the drafter's worth:
         a head that adds a token on half the steps stopped at the first step it added none)
         above 0 while it runs every step, above the hysteresis to start again after a
-        probe. Each side's goodput counts the drafting it spent (``full_s``, ``alt_s``) also
-        where its choice is plain decoding (:func:`spent_goodput`): judged by the choices alone,
-        two plain choices tied, the average only decayed towards 0 and stayed above it, and a
-        server at 8 sequences ran 8 heads (6.8 ms) on 343 of 1,215 steps that verified next to
-        nothing (tau 1.04)."""
-        gf, ga = spent_goodput(full, full_s), spent_goodput(alt, alt_s)
-        if gf <= 0 or ga <= 0:
+        probe. Each side counts the drafting it spent (``full_s``, ``alt_s``), also where it
+        chose plain decoding (:func:`spent_goodput`): two plain choices used to tie, and the
+        average, only decaying towards 0, kept 8 heads drafting on 343 of a server's 1,215 steps
+        at tau 1.04 (BENCHMARKS.md, 2026-12-08)."""
+        if (gf := spent_goodput(full, full_s)) <= 0 or (ga := spent_goodput(alt, alt_s)) <= 0:
             return False
         x = math.log(gf / ga)
         on = self.full_on is True and self.full_pays is not None
@@ -489,22 +487,6 @@ class Selector:
             "curve": {"rows": list(self.curve.rows), "seconds": list(self.curve.seconds)},
             "curve_source": self.curve_source,
         }
-
-
-def spent_goodput(c: Choice, draft_s: float) -> float:
-    """Predicted tokens per second of choice ``c`` after ``draft_s`` seconds of drafting: a
-    choice of nodes already counts it (:func:`~specpilot.goodput.choice.choose`), plain decoding
-    does not (it is the alternative to drafting), yet a step that drafted and then chose it
-    spent that time.
-
-    >>> from specpilot.goodput.choice import Choice
-    >>> round(spent_goodput(Choice(0, 0.010, 8.0), 0.005), 1)  # plain, after 5 ms of drafting
-    533.3
-    >>> round(spent_goodput(Choice(2, 0.015, 10.0), 0.005), 1)  # nodes: already in the 15 ms
-    666.7
-    """
-    spent = c.predicted_s + (draft_s if c.width == 0 else 0.0)
-    return c.predicted_tokens / spent if spent > 0 else 0.0
 
 
 def _average(mean: float, x: float) -> float:
