@@ -592,6 +592,23 @@ def test_seeded_sampled_bench_is_token_forced(goodput: bool) -> None:
         BenchConfig(sampling=SamplingParams(temperature=1.0))
 
 
+def test_batched_bench_repeats_alternate_the_modes_order() -> None:
+    """bench --batch-size --repeats: plain, speculative, then speculative, plain (ABBA), so a
+    drift of the host over a pair of repeats weighs on both alike; every round is kept."""
+    from specpilot.bench import Candidate
+    from specpilot.bench_batch import BatchBenchConfig, run_batch_bench
+
+    cand = Candidate("suffix/chain", "suffix", SuffixDrafter, TreeSpec(kind="chain", k=4))
+    beng = BatchEngine(tiny_model("llama", seed=3, std=0.12), EngineConfig(),
+                       BatchConfig(max_batch=3, max_len=128))
+    order: list[str] = []
+    res = run_batch_bench(beng, [(str(i), p) for i, p in enumerate(PROMPTS)], [cand],
+                          BatchBenchConfig(batch_size=3, max_new_tokens=8, repeats=4),
+                          progress=lambda name, done, total: order.append(name))  # fmt: skip
+    assert order == ["AR", "suffix/chain", "suffix/chain", "AR"] * 2
+    assert len(res.ar.rounds_tok_s) == len(res.candidates[0].rounds_tok_s) == 4 and res.lossless
+
+
 def test_goodput_step_stats_reach_metrics() -> None:
     from specpilot.server.metrics import ServerMetrics
 

@@ -94,9 +94,8 @@ def allocate_nodes(
 
 def spent_goodput(c: Choice, draft_s: float) -> float:
     """Predicted tokens per second of choice ``c`` after ``draft_s`` seconds of drafting: a
-    choice of nodes already counts it (:func:`choose`), plain decoding
-    does not (it is the alternative to drafting), yet a step that drafted and then chose it
-    spent that time.
+    choice of nodes already counts it (:func:`choose`), plain decoding does not (it is the
+    alternative to drafting), yet a step that drafted and then chose it spent that time.
 
     >>> round(spent_goodput(Choice(0, 0.010, 8.0), 0.005), 1)  # plain, after 5 ms of drafting
     533.3
