@@ -39,7 +39,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _drafter_args(b)
     _plan_args(b)
     _workload_args(b)
-    b.add_argument("--repeats", type=int, default=1, help="timed rounds; median reported")
+    b.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed rounds; median reported (with --batch-size every other round runs the modes "
+        "in reverse: plain, speculative, speculative, plain)",
+    )
     b.add_argument(
         "--peers",
         action="append",
