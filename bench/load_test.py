@@ -16,9 +16,10 @@ serves with plain decoding (``serve --drafter none``); ``--vs-plain`` runs the w
 speculative then plain, on the same requests, and reports the throughput ratio and whether
 the two servers' outputs agree. ``--rounds R`` runs the concurrent requests R times per server;
 with ``--vs-plain`` both servers stay up (started one after the other, each calibrating on a
-quiet machine) and the rounds alternate, speculative then plain, so a disturbed moment hits
-both; tokens/s is the median over rounds (one 32 x 64 round on 2 cores swings by ~20%, with the
-load generator on the same cores), ``tokens_per_s_total`` all rounds' tokens over their summed
+quiet machine) and the rounds alternate ABBA (speculative, plain, plain, speculative, ...), so
+a disturbed moment hits both and a steady drift weighs on both alike; tokens/s is the median
+over rounds (one 32 x 64 round on 2 cores swings by ~20%, with the load generator on the same
+cores), ``tokens_per_s_total`` all rounds' tokens over their summed
 wall time (``throughput_ratio_total`` with ``--vs-plain``). Each server's report also splits its
 side of the rounds by its /metrics: batched steps (``server_steps``, ``server_step_s``; of it
 drafting, ``server_draft_s``, by what drafted, with ``server_drafted_steps``, and the verify
@@ -301,8 +302,9 @@ def main() -> int:
     with ExitStack() as stack:  # started one after another: each calibrates on a quiet machine
         servers = [stack.enter_context(_server(args, extra, s)) for s in sides]
         rounds: list[list] = [[] for _ in sides]
-        for _ in range(args.rounds):  # interleaved: speculative, plain, speculative, ...
-            for srv, got in zip(servers, rounds, strict=True):
+        pairs = list(zip(servers, rounds, strict=True))
+        for r in range(args.rounds):  # interleaved ABBA: speculative, plain, plain, speculative..
+            for srv, got in pairs if r % 2 == 0 else pairs[::-1]:
                 got.append(_concurrent(srv, prompts, args))
         reports = [_finish(srv, prompts, args, got, s)
                    for srv, got, s in zip(servers, rounds, sides, strict=True)]  # fmt: skip
