@@ -1,4 +1,5 @@
-"""Run an ASGI app with uvicorn on a free loopback port in a daemon thread (server tests)."""
+"""Server tests' helpers: the tiny batched engine they serve, and an ASGI app run with uvicorn on
+a free loopback port in a daemon thread."""
 
 from __future__ import annotations
 
@@ -8,6 +9,26 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from specpilot.batch import BatchConfig, BatchEngine
+from specpilot.engine import EngineConfig
+from specpilot.tokenizer import Tokenizer
+
+from .conftest import tiny_model
+from .test_tokenizer import tiny_tokenizer
+
+CTX = 200
+"""Context length of the served engine (cache slots per sequence, one more is scratch)."""
+
+
+def tiny_served(max_batch: int = 4) -> tuple[Tokenizer, BatchEngine]:
+    """The tokenizer and a batched engine over the tiny seeded model the server tests serve
+    (``tiny_model("llama", seed=7)``: an ``Engine`` over another copy gives the same tokens)."""
+    tok = tiny_tokenizer()
+    model = tiny_model("llama", seed=7, vocab=tok.vocab_size)
+    cfg = EngineConfig(attention="exact")
+    bcfg = BatchConfig(max_batch=max_batch, max_len=CTX + 1)
+    return tok, BatchEngine(model, cfg, bcfg, tok.eos_ids, tok.decode)
 
 
 @contextlib.contextmanager

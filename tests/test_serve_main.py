@@ -16,7 +16,7 @@ import httpx
 import pytest
 import uvicorn
 
-from specpilot.batch import BatchConfig, BatchEngine
+from specpilot.batch import BatchEngine
 from specpilot.drafters import make_drafter
 from specpilot.engine import Engine, EngineConfig, GenerationConfig
 from specpilot.errors import ConfigError, SpecPilotError
@@ -25,9 +25,7 @@ from specpilot.server.scheduler import Event, Job
 from specpilot.tree import TreeSpec
 
 from .conftest import tiny_model
-from .test_tokenizer import tiny_tokenizer
-
-CTX = 200
+from .server_helpers import CTX, tiny_served
 
 
 def _free_port() -> int:
@@ -37,12 +35,7 @@ def _free_port() -> int:
 
 
 def _parts() -> tuple[Any, BatchEngine, Scheduler]:
-    tok = tiny_tokenizer()
-    model = tiny_model("llama", seed=7, vocab=tok.vocab_size)
-    beng = BatchEngine(
-        model, EngineConfig(attention="exact"), BatchConfig(max_batch=4, max_len=CTX + 1),
-        tok.eos_ids, tok.decode,
-    )  # fmt: skip
+    tok, beng = tiny_served(4)
     spec = TreeSpec(kind="chain", k=4)
     return tok, beng, Scheduler(beng, lambda: make_drafter("lookup"), spec, own_thread=False)
 

@@ -17,9 +17,8 @@ import openai
 import pytest
 import torch
 
-from specpilot.batch import BatchConfig, BatchEngine
 from specpilot.drafters import make_drafter
-from specpilot.engine import Engine, EngineConfig, GenerationConfig
+from specpilot.engine import Engine, GenerationConfig
 from specpilot.server import Scheduler, create_app
 from specpilot.server.logs import RequestIdFilter, configure_logging, new_request_id, request_id
 from specpilot.server.protocol import APIError, parse_request
@@ -27,11 +26,9 @@ from specpilot.tokenizer import Tokenizer
 from specpilot.tree import TreeSpec
 
 from .conftest import tiny_model
-from .server_helpers import uvicorn_in_thread
-from .test_tokenizer import tiny_tokenizer
+from .server_helpers import CTX, tiny_served, uvicorn_in_thread
 
 MODEL = "tiny-test"
-CTX = 200
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -55,13 +52,9 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    tok = tiny_tokenizer()
-    model = tiny_model("llama", seed=7, vocab=tok.vocab_size)
-    cfg = EngineConfig(attention="exact")
+    tok, beng = tiny_served(4)
+    cfg = beng.cfg
     spec = TreeSpec(kind="chain", k=4)
-    beng = BatchEngine(
-        model, cfg, BatchConfig(max_batch=4, max_len=CTX + 1), tok.eos_ids, tok.decode
-    )
     sched = Scheduler(beng, lambda: make_drafter("lookup"), spec)
     app = create_app(sched, tok, MODEL, context_len=CTX)
     with uvicorn_in_thread(app) as port:
@@ -488,12 +481,7 @@ def test_a_failure_outside_any_request_is_logged_not_a_hang(
 
 
 def test_a_dead_engine_thread_answers_500_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
-    tok = tiny_tokenizer()
-    model = tiny_model("llama", seed=7, vocab=tok.vocab_size)
-    beng = BatchEngine(
-        model, EngineConfig(attention="exact"), BatchConfig(max_batch=2, max_len=CTX + 1),
-        tok.eos_ids, tok.decode,
-    )  # fmt: skip
+    tok, beng = tiny_served(2)
     sched = Scheduler(beng)
     monkeypatch.setattr(sched, "_loop", lambda: None)  # the worker thread ends at once
     with uvicorn_in_thread(create_app(sched, tok, MODEL, context_len=CTX)) as port:
